@@ -1,0 +1,125 @@
+# tensord - one Makefile for the library, the binary, tests, fuzzing and benchmarks.
+#   make            build build/tensord and build/libtensord.a
+#   make deps       install system packages (apt) and the Python test tools (.venv)
+#   make test       unit tests, ONNX conformance with expected-pass lists, pytest cross-checks, a bounded fuzz run
+#   make SAN=1 test the same under AddressSanitizer + UBSan (build/san)
+#   make CUDA=1     also compile every kernels/cuda/*.cu (needs nvcc; no GPU needed to compile)
+#   make bench      run the benchmarks against onnxruntime (bench/)
+SHELL := /bin/bash
+CC ?= gcc
+ARCH ?= native
+SAN ?= 0
+CUDA ?= auto
+PY ?= .venv/bin/python
+
+ifeq ($(SAN),1)
+BUILD ?= build/san
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT := -O1 -g
+else
+BUILD ?= build
+SANFLAGS :=
+OPT := -O3 -g
+endif
+
+GEN := $(BUILD)/gen
+WERROR := $(if $(CI),-Werror,)
+CFLAGS_BASE := -std=gnu11 -march=$(ARCH) $(OPT) -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+	$(WERROR) -fopenmp -fPIC -I. -I$(GEN) $(SANFLAGS)
+CFLAGS += $(CFLAGS_BASE)
+LDLIBS := -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
+
+# ---- feature detection: one line per feature ----
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(CUDA),auto)
+CUDA_ON := 0
+else
+CUDA_ON := $(CUDA)
+endif
+HAVE_DNNL := $(shell test -f /usr/include/dnnl.h && echo 1 || echo 0)
+HAVE_ONNX_PROTO := $(shell test -f /usr/include/onnx/onnx.proto && echo 1 || echo 0)
+$(info tensord build: oneDNN $(if $(filter 1,$(HAVE_DNNL)),found,NOT FOUND (make deps)))
+$(info tensord build: onnx.proto $(if $(filter 1,$(HAVE_ONNX_PROTO)),found,NOT FOUND (make deps)))
+$(info tensord build: nvcc $(if $(NVCC),found at $(NVCC),not found)$(if $(filter 1,$(CUDA_ON)), (CUDA=1: compiling kernels/cuda), (CUDA kernels off; CUDA=1 to compile)))
+
+LIB_SRC := $(wildcard engine/*.c engine/ops/*.c kernels/*.c kernels/cpu/*.c)
+BIN_SRC := $(wildcard server/*.c admin/*.c models/*.c)
+CU_SRC := $(wildcard kernels/cuda/*.cu)
+LIB_OBJ := $(GEN)/onnx.pb-c.o $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
+BIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(BIN_SRC))
+CU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
+
+.PHONY: all deps test test-unit test-conformance test-py test-fuzz bench serve clean cuda test-gpu
+all: $(BUILD)/tensord $(BUILD)/libtensord.a $(if $(filter 1,$(CUDA_ON)),cuda,)
+
+$(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
+	@mkdir -p $(GEN)
+	protoc-c --c_out=$(GEN) -I/usr/include/onnx /usr/include/onnx/onnx.proto
+
+$(GEN)/onnx.pb-c.o: $(GEN)/onnx.pb-c.c
+	$(CC) $(CFLAGS_BASE) -w -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(GEN)/onnx.pb-c.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libtensord.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tensord: $(BIN_OBJ) $(BUILD)/libtensord.a
+	$(CC) $(CFLAGS) -o $@ $(BIN_OBJ) $(BUILD)/libtensord.a $(LDLIBS)
+
+cuda: $(CU_OBJ)
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -I. -Xcompiler -fPIC -c $< -o $@
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libtensord.a -lcriterion $(LDLIBS)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---- dependencies ----
+APT_PKGS := build-essential clang libclang-rt-14-dev pkg-config libdnnl-dev libopenblas-dev libprotobuf-c-dev \
+	protobuf-c-compiler libonnx-dev libonnx-testdata libmicrohttpd-dev libcjson-dev libcriterion-dev zlib1g-dev \
+	dataset-fashion-mnist python3-venv python3-pip
+deps:
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	 $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $(APT_PKGS)
+	test -x .venv/bin/python || python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -r tests/requirements.txt
+
+# ---- tests ----
+CONF := /usr/share/libonnx-testdata/data
+test: all test-unit test-conformance test-py test-fuzz
+	@echo "make test: all suites passed"
+
+test-unit: $(UNIT_BIN)
+	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t --jobs 2; done
+
+test-conformance: $(BUILD)/tensord
+	@set -e; for s in node pytorch-converted pytorch-operator simple; do \
+	  echo "== conformance $$s"; \
+	  $(BUILD)/tensord conformance $(CONF)/$$s --expect tests/conformance/expected-$$s.txt; \
+	done
+
+test-py: $(BUILD)/tensord
+	TENSORD_BIN=$(BUILD)/tensord $(PY) -m pytest -q tests/integration
+
+FUZZ_TIME ?= 60
+test-fuzz:
+	$(MAKE) --no-print-directory -f tests/fuzz/fuzz.mk FUZZ_TIME=$(FUZZ_TIME)
+
+bench: all
+	$(PY) bench/run.py
+
+serve: all
+	$(BUILD)/tensord serve --model_name=demo --model_base_path=models/demo
+
+clean:
+	rm -rf build

@@ -1,0 +1,8 @@
+/* fuse.h - graph rewrites applied once when a session is created (before planning): operator fusion
+ * (Conv+activation, MatMul+bias+activation, ...) into internal ops of the "com.tensord" domain.
+ * The rewrite preserves the graph's inputs, outputs and numerics (within float rounding). */
+#ifndef ENG_FUSE_H
+#define ENG_FUSE_H
+#include "graph.h"
+eng_status eng_graph_fuse(eng_graph *g);
+#endif

@@ -1,0 +1,561 @@
+/* plan.c - planner and executor (see plan.h).
+ *
+ * Invariants:
+ *  - vals[v] describes value v for this plan: dtype/shape are final for static plans; data points to graph
+ *    memory (initializers), plan-owned constant buffers (folded nodes), the arena, or the caller's input.
+ *  - Each value has a storage root: itself, or for outputs of ALIAS ops (Reshape, Squeeze...) the root of
+ *    the aliased input. Only roots of kind ARENA own arena space; the lifetime of a root spans from the step
+ *    that defines it to the last step that reads any value sharing it (graph outputs live to the end).
+ *  - Steps hold everything a kernel needs; kernel init ran once at plan time (static plans).
+ */
+#include "plan.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "op.h"
+
+enum { VAL_NONE = 0, VAL_INPUT, VAL_CONST, VAL_ARENA, VAL_ALIAS, VAL_DYN };
+
+typedef struct plan_step {
+    int node;
+    const eng_op_def *def;
+    const krn_kernel *kernel;   /* NULL for ALIAS ops */
+    void *params;
+    void *state;
+    int inited;
+    unsigned const_mask;
+} plan_step;
+
+struct eng_plan {
+    const eng_graph *g;
+    eng_plan_opts opts;
+    int nthreads;
+    eng_tensor *vals;   /* nvalues */
+    int *kind;          /* VAL_* */
+    int *root;          /* storage root value */
+    plan_step *steps;
+    int nsteps;
+    int dynamic;        /* shapes inferred per run from step `dyn_from` on */
+    int nfolded;
+    void **owned;       /* constant buffers created while folding */
+    int nowned, capowned;
+    void *arena;
+    size_t arena_bytes, naive_bytes;
+    /* dynamic runs */
+    int *uses;          /* remaining readers per value (dynamic) */
+    int *nreaders;      /* readers per value incl. graph outputs */
+    void **dyn_bufs;    /* per value: buffer allocated in the current dynamic run */
+};
+
+static const krn_backend *plan_backend(const eng_plan *p) {
+    return p->opts.backend ? p->opts.backend : krn_backend_cpu();
+}
+
+static eng_status plan_own(eng_plan *p, void *buf) {
+    if (p->nowned == p->capowned) {
+        int nc = p->capowned ? p->capowned * 2 : 16;
+        void **o = realloc(p->owned, (size_t)nc * sizeof *o);
+        if (!o) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+        p->owned = o;
+        p->capowned = nc;
+    }
+    p->owned[p->nowned++] = buf;
+    return ENG_STATUS_OK;
+}
+
+static const char *node_label(const eng_node *n, char *buf, size_t len) {
+    snprintf(buf, len, "node '%s' (%s%s%s): ", n->name, n->domain[0] ? n->domain : "", n->domain[0] ? "." : "",
+             n->op_type);
+    return buf;
+}
+
+/* Build an op context's tensors for node n from vals. */
+static void ctx_fill(const eng_plan *p, const eng_node *n, eng_tensor *in, eng_tensor *out) {
+    for (int i = 0; i < n->nin; i++) {
+        int v = n->inputs[i];
+        if (v < 0 || p->kind[v] == VAL_NONE) memset(&in[i], 0, sizeof in[i]);
+        else in[i] = p->vals[v];
+    }
+    for (int i = 0; i < n->nout; i++) memset(&out[i], 0, sizeof out[i]);
+}
+
+static eng_status check_outputs(const eng_node *n, const eng_tensor *out, int nout) {
+    for (int i = 0; i < nout; i++) {
+        if (n->outputs[i] < 0) continue;
+        size_t nb;
+        if (out[i].dtype == ENG_DTYPE_UNDEFINED)
+            return eng_err(ENG_STATUS_INTERNAL, "shape inference left output %d without a dtype", i);
+        ENG_TRY(eng_tensor_nbytes_checked(&out[i], "output", &nb));
+    }
+    return ENG_STATUS_OK;
+}
+
+static void free_params(const eng_op_def *d, void *params) {
+    if (!params) return;
+    if (d && d->free_params) d->free_params(params);
+    else free(params);
+}
+
+/* Run one kernel start to finish (init, exec, free) on prepared tensors: used for folding and dynamic runs. */
+static eng_status run_kernel_once(const krn_kernel *k, const void *params, const eng_tensor *in, int nin,
+                                  eng_tensor *out, int nout, int nthreads, unsigned const_mask) {
+    krn_call c = {.params = params, .in = in, .nin = nin, .out = out, .nout = nout, .nthreads = nthreads,
+                  .const_mask = const_mask};
+    eng_status st = ENG_STATUS_OK;
+    if (k->init) st = k->init(&c);
+    if (st == ENG_STATUS_OK) st = k->exec(&c);
+    if (k->free_state && c.state) k->free_state(c.state);
+    return st;
+}
+
+static int node_is_foldable(const eng_plan *p, const eng_node *n, const eng_op_def *d) {
+    if (d->flags & ENG_OP_RANDOM) return 0;
+    if (d->flags & ENG_OP_SHAPE_ONLY) return 1;
+    for (int i = 0; i < n->nin; i++) {
+        int v = n->inputs[i];
+        if (v >= 0 && p->kind[v] != VAL_CONST && p->kind[v] != VAL_NONE) return 0;
+    }
+    return 1;
+}
+
+/* Fold node n: compute its outputs now into plan-owned buffers. */
+static eng_status fold_node(eng_plan *p, plan_step *s, const eng_node *n, eng_tensor *in, eng_tensor *out) {
+    for (int i = 0; i < n->nout; i++) {
+        if (n->outputs[i] < 0) continue;
+        size_t nb = eng_tensor_nbytes(&out[i]);
+        out[i].data = eng_alloc(nb ? nb : 1);
+        if (!out[i].data || plan_own(p, out[i].data) != ENG_STATUS_OK) {
+            eng_free(out[i].data);
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory folding output %d (%zu bytes)", i, nb);
+        }
+    }
+    if (s->def->flags & ENG_OP_ALIAS) {
+        memcpy(out[0].data, in[0].data, eng_tensor_nbytes(&out[0]));
+    } else {
+        ENG_TRY(run_kernel_once(s->kernel, s->params, in, n->nin, out, n->nout, 1, ~0u));
+    }
+    for (int i = 0; i < n->nout; i++) {
+        int v = n->outputs[i];
+        if (v < 0) continue;
+        p->vals[v] = out[i];
+        p->kind[v] = VAL_CONST;
+        p->root[v] = v;
+    }
+    return ENG_STATUS_OK;
+}
+
+/* ---- static memory planning ---- */
+
+typedef struct plan_buf { int root; size_t size, off; int first, last; } plan_buf;
+
+static int buf_cmp(const void *a, const void *b) {
+    const plan_buf *x = a, *y = b;
+    if (x->size != y->size) return x->size < y->size ? 1 : -1;
+    return x->first - y->first;
+}
+
+static eng_status plan_memory(eng_plan *p) {
+    const eng_graph *g = p->g;
+    int nv = g->nvalues;
+    int *first = malloc((size_t)nv * sizeof(int)), *last = malloc((size_t)nv * sizeof(int));
+    plan_buf *bufs = calloc((size_t)nv, sizeof *bufs);
+    if (!first || !last || !bufs) {
+        free(first); free(last); free(bufs);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory planning buffers");
+    }
+    for (int v = 0; v < nv; v++) first[v] = last[v] = -1;
+    for (int si = 0; si < p->nsteps; si++) {
+        const eng_node *n = &g->nodes[p->steps[si].node];
+        for (int i = 0; i < n->nout; i++)
+            if (n->outputs[i] >= 0) {
+                int r = p->root[n->outputs[i]];
+                if (first[r] < 0) first[r] = si;
+                if (last[r] < si) last[r] = si;
+            }
+        for (int i = 0; i < n->nin; i++)
+            if (n->inputs[i] >= 0) {
+                int r = p->root[n->inputs[i]];
+                if (last[r] < si) last[r] = si;
+            }
+    }
+    for (int i = 0; i < g->noutputs; i++) last[p->root[g->outputs[i]]] = p->nsteps;
+    int nb = 0;
+    for (int v = 0; v < nv; v++) {
+        if (p->kind[v] != VAL_ARENA || p->root[v] != v) continue;
+        size_t sz = (eng_tensor_nbytes(&p->vals[v]) + 63) & ~(size_t)63;
+        if (sz == 0) sz = 64;
+        bufs[nb++] = (plan_buf){v, sz, 0, first[v] < 0 ? 0 : first[v], last[v] < 0 ? p->nsteps : last[v]};
+        p->naive_bytes += sz;
+    }
+    qsort(bufs, (size_t)nb, sizeof *bufs, buf_cmp);
+    size_t total = 0;
+    /* Greedy by size: lowest offset that does not collide with a placed buffer whose lifetime overlaps. */
+    for (int i = 0; i < nb; i++) {
+        size_t off = 0;
+        int moved = 1;
+        while (moved) {
+            moved = 0;
+            for (int j = 0; j < i; j++) {
+                if (bufs[j].last < bufs[i].first || bufs[i].last < bufs[j].first) continue;
+                if (off < bufs[j].off + bufs[j].size && bufs[j].off < off + bufs[i].size) {
+                    off = bufs[j].off + bufs[j].size;
+                    moved = 1;
+                }
+            }
+        }
+        bufs[i].off = off;
+        if (off + bufs[i].size > total) total = off + bufs[i].size;
+    }
+    eng_status st = ENG_STATUS_OK;
+    p->arena_bytes = total;
+    if (total > 0) {
+        p->arena = eng_alloc(total);
+        if (!p->arena) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes of activations", total);
+    }
+    if (st == ENG_STATUS_OK) {
+        for (int i = 0; i < nb; i++) p->vals[bufs[i].root].data = (char *)p->arena + bufs[i].off;
+        for (int v = 0; v < nv; v++)
+            if (p->kind[v] == VAL_ALIAS && p->kind[p->root[v]] != VAL_INPUT) p->vals[v].data = p->vals[p->root[v]].data;
+    }
+    free(first); free(last); free(bufs);
+    return st;
+}
+
+static eng_status init_steps(eng_plan *p) {
+    const eng_graph *g = p->g;
+    eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];
+    char lb[300];
+    for (int si = 0; si < p->nsteps; si++) {
+        plan_step *s = &p->steps[si];
+        if (!s->kernel || !s->kernel->init) continue;
+        const eng_node *n = &g->nodes[s->node];
+        ctx_fill(p, n, in, out);
+        for (int i = 0; i < n->nout; i++)
+            if (n->outputs[i] >= 0) out[i] = p->vals[n->outputs[i]];
+        krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
+                      .nthreads = p->nthreads, .const_mask = s->const_mask};
+        eng_status st = s->kernel->init(&c);
+        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+        s->state = c.state;
+        s->inited = 1;
+    }
+    return ENG_STATUS_OK;
+}
+
+eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng_tensor *inputs, eng_plan **out) {
+    *out = NULL;
+    eng_plan *p = calloc(1, sizeof *p);
+    if (!p) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    p->g = g;
+    if (opts) p->opts = *opts;
+    p->nthreads = p->opts.nthreads > 0 ? p->opts.nthreads : omp_get_num_procs();
+    if (p->opts.precision != ENG_PRECISION_FP32) {
+        eng_plan_free(&p);
+        return eng_err(ENG_STATUS_UNSUPPORTED, "precision %d is not implemented yet (fp32 only)", (int)opts->precision);
+    }
+    int nv = g->nvalues, nn = g->nnodes;
+    p->vals = calloc((size_t)nv + 1, sizeof *p->vals);
+    p->kind = calloc((size_t)nv + 1, sizeof *p->kind);
+    p->root = calloc((size_t)nv + 1, sizeof *p->root);
+    p->steps = calloc((size_t)nn + 1, sizeof *p->steps);
+    int *order = malloc(((size_t)nn + 1) * sizeof *order);
+    if (!p->vals || !p->kind || !p->root || !p->steps || !order) {
+        free(order);
+        eng_plan_free(&p);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
+    eng_status st = ENG_STATUS_OK;
+    for (int v = 0; v < nv; v++) {
+        p->root[v] = v;
+        if (g->values[v].init) {
+            p->vals[v] = *g->values[v].init;
+            p->kind[v] = VAL_CONST;
+        }
+    }
+    for (int i = 0; i < g->ninputs; i++) {
+        int v = g->inputs[i];
+        if (inputs[i].dtype == ENG_DTYPE_UNDEFINED) {
+            if (!g->values[v].init) {
+                st = eng_err(ENG_STATUS_INVALID_ARGUMENT, "missing input '%s'", g->values[v].name);
+                goto fail;
+            }
+            continue;
+        }
+        p->vals[v] = inputs[i];
+        p->vals[v].data = NULL;
+        p->kind[v] = VAL_INPUT;
+    }
+    st = eng_graph_topo_order(g, order);
+    if (st != ENG_STATUS_OK) goto fail;
+
+    eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
+    char lb[300];
+    for (int oi = 0; oi < nn; oi++) {
+        const eng_node *n = &g->nodes[order[oi]];
+        if (n->nin > ENG_OP_MAX_IO || n->nout > ENG_OP_MAX_IO) {
+            st = eng_err(ENG_STATUS_UNSUPPORTED, "%s%d inputs / %d outputs exceed the limit of %d",
+                         node_label(n, lb, sizeof lb), n->nin, n->nout, ENG_OP_MAX_IO);
+            goto fail;
+        }
+        const eng_op_def *d = eng_op_find(n->domain, n->op_type);
+        if (!d) {
+            st = eng_err(ENG_STATUS_UNSUPPORTED, "%sop '%s'%s%s%s is not supported", node_label(n, lb, sizeof lb),
+                         n->op_type, n->domain[0] ? " of domain '" : "", n->domain, n->domain[0] ? "'" : "");
+            goto fail;
+        }
+        plan_step *s = &p->steps[p->nsteps];
+        s->node = order[oi];
+        s->def = d;
+        if (d->kernel) {
+            s->kernel = krn_backend_find(plan_backend(p), d->kernel);
+            if (!s->kernel) {
+                st = eng_err(ENG_STATUS_UNSUPPORTED, "%sbackend '%s' has no kernel '%s'", node_label(n, lb, sizeof lb),
+                             plan_backend(p)->name, d->kernel);
+                goto fail;
+            }
+        } else if (!(d->flags & ENG_OP_ALIAS)) {
+            st = eng_err(ENG_STATUS_INTERNAL, "%sop definition has no kernel", node_label(n, lb, sizeof lb));
+            goto fail;
+        }
+        ctx_fill(p, n, in, outs);
+        eng_op_ctx c = {.graph = g, .node = n, .opset = g->opset, .in = in, .nin = n->nin, .out = outs, .nout = n->nout};
+        if (d->prepare) {
+            st = d->prepare(&c);
+            s->params = c.params;
+            if (st != ENG_STATUS_OK) {
+                eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+                free_params(d, s->params);
+                s->params = NULL;
+                goto fail;
+            }
+        }
+        p->nsteps++;
+        if (p->dynamic) {
+            for (int i = 0; i < n->nout; i++)
+                if (n->outputs[i] >= 0) p->kind[n->outputs[i]] = VAL_DYN;
+            continue;
+        }
+        st = d->infer(&c);
+        if (st == ENG_STATUS_NEEDS_DATA) {
+            p->dynamic = 1;
+            st = ENG_STATUS_OK;
+            for (int i = 0; i < n->nout; i++)
+                if (n->outputs[i] >= 0) p->kind[n->outputs[i]] = VAL_DYN;
+            continue;
+        }
+        if (st == ENG_STATUS_OK) st = check_outputs(n, outs, n->nout);
+        if (st != ENG_STATUS_OK) {
+            eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+            goto fail;
+        }
+        if (node_is_foldable(p, n, d)) {
+            st = fold_node(p, s, n, in, outs);
+            if (st != ENG_STATUS_OK) {
+                eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+                goto fail;
+            }
+            free_params(d, s->params);
+            s->params = NULL;
+            p->nsteps--;
+            p->nfolded++;
+            continue;
+        }
+        for (int i = 0; i < n->nin; i++)
+            if (n->inputs[i] >= 0 && p->kind[n->inputs[i]] == VAL_CONST) s->const_mask |= 1u << (i & 31);
+        for (int i = 0; i < n->nout; i++) {
+            int v = n->outputs[i];
+            if (v < 0) continue;
+            p->vals[v] = outs[i];
+            p->vals[v].data = NULL;
+            if ((d->flags & ENG_OP_ALIAS) && i == 0) {
+                p->kind[v] = VAL_ALIAS;
+                p->root[v] = p->root[n->inputs[0]];
+            } else {
+                p->kind[v] = VAL_ARENA;
+            }
+        }
+    }
+    for (int i = 0; i < g->noutputs; i++) {
+        int v = g->outputs[i];
+        if (p->kind[v] == VAL_NONE) {
+            st = eng_err(ENG_STATUS_INVALID_MODEL, "graph output '%s' is not produced by any node or input",
+                         g->values[v].name);
+            goto fail;
+        }
+    }
+    if (!p->dynamic) {
+        st = plan_memory(p);
+        if (st == ENG_STATUS_OK) st = init_steps(p);
+        if (st != ENG_STATUS_OK) goto fail;
+    } else {
+        p->uses = calloc((size_t)nv + 1, sizeof *p->uses);
+        p->nreaders = calloc((size_t)nv + 1, sizeof *p->nreaders);
+        p->dyn_bufs = calloc((size_t)nv + 1, sizeof *p->dyn_bufs);
+        if (!p->uses || !p->nreaders || !p->dyn_bufs) {
+            st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+            goto fail;
+        }
+        for (int si = 0; si < p->nsteps; si++) {
+            const eng_node *n = &g->nodes[p->steps[si].node];
+            for (int i = 0; i < n->nin; i++)
+                if (n->inputs[i] >= 0) p->nreaders[n->inputs[i]]++;
+        }
+        for (int i = 0; i < g->noutputs; i++) p->nreaders[g->outputs[i]] += 1 << 20; /* never freed in-run */
+    }
+    free(order);
+    *out = p;
+    return ENG_STATUS_OK;
+fail:
+    free(order);
+    eng_plan_free(&p);
+    return st;
+}
+
+static eng_status check_run_input(const eng_graph *g, int i, const eng_tensor *want, const eng_tensor *got) {
+    char a[160], b[160];
+    const char *name = g->values[g->inputs[i]].name;
+    if (got->dtype != want->dtype)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "input '%s': expected dtype %s, got %s", name,
+                       eng_dtype_name(want->dtype), eng_dtype_name(got->dtype));
+    if (!eng_shape_equal(want, got))
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "input '%s': expected shape %s, got %s", name,
+                       eng_shape_str(want->dims, want->ndim, a, sizeof a), eng_shape_str(got->dims, got->ndim, b, sizeof b));
+    if (!got->data && eng_tensor_numel(got) > 0)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "input '%s': no data", name);
+    return ENG_STATUS_OK;
+}
+
+static void dyn_release(eng_plan *p, int v) {
+    if (v < 0 || !p->dyn_bufs[v]) return;
+    if (--p->uses[v] > 0) return;
+    eng_free(p->dyn_bufs[v]);
+    p->dyn_bufs[v] = NULL;
+    p->vals[v].data = NULL;
+}
+
+static void dyn_reset(eng_plan *p) {
+    if (!p->dyn_bufs) return;
+    for (int v = 0; v < p->g->nvalues; v++)
+        if (p->dyn_bufs[v]) {
+            eng_free(p->dyn_bufs[v]);
+            p->dyn_bufs[v] = NULL;
+            p->vals[v].data = NULL;
+        }
+}
+
+static eng_status run_dynamic(eng_plan *p) {
+    const eng_graph *g = p->g;
+    eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
+    char lb[300];
+    dyn_reset(p);
+    for (int v = 0; v < g->nvalues; v++) p->uses[v] = p->nreaders[v];
+    for (int si = 0; si < p->nsteps; si++) {
+        plan_step *s = &p->steps[si];
+        const eng_node *n = &g->nodes[s->node];
+        ctx_fill(p, n, in, outs);
+        eng_op_ctx c = {.graph = g, .node = n, .opset = g->opset, .in = in, .nin = n->nin, .out = outs,
+                        .nout = n->nout, .params = s->params};
+        eng_status st = s->def->infer(&c);
+        if (st == ENG_STATUS_NEEDS_DATA)
+            st = eng_err(ENG_STATUS_INTERNAL, "shape inference needs data that is missing at run time");
+        if (st == ENG_STATUS_OK) st = check_outputs(n, outs, n->nout);
+        for (int i = 0; st == ENG_STATUS_OK && i < n->nout; i++) {
+            int v = n->outputs[i];
+            if (v < 0) { /* omitted optional output: kernels skip it */
+                outs[i].data = NULL;
+                continue;
+            }
+            size_t nb = eng_tensor_nbytes(&outs[i]);
+            outs[i].data = eng_alloc(nb ? nb : 1);
+            if (!outs[i].data) {
+                st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes for output %d", nb, i);
+                break;
+            }
+            p->dyn_bufs[v] = outs[i].data;
+            p->vals[v] = outs[i];
+        }
+        if (st == ENG_STATUS_OK) {
+            if (s->def->flags & ENG_OP_ALIAS) memcpy(outs[0].data, in[0].data, eng_tensor_nbytes(&outs[0]));
+            else st = run_kernel_once(s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
+        }
+        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+        for (int i = 0; i < n->nin; i++) dyn_release(p, n->inputs[i]);
+    }
+    return ENG_STATUS_OK;
+}
+
+eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outputs) {
+    const eng_graph *g = p->g;
+    for (int i = 0; i < g->ninputs; i++) {
+        int v = g->inputs[i];
+        if (p->kind[v] != VAL_INPUT) continue;
+        ENG_TRY(check_run_input(g, i, &p->vals[v], &inputs[i]));
+        p->vals[v].data = inputs[i].data;
+    }
+    omp_set_num_threads(p->nthreads);
+    if (p->dynamic) {
+        ENG_TRY(run_dynamic(p));
+    } else {
+        eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
+        char lb[300];
+        for (int si = 0; si < p->nsteps; si++) {
+            plan_step *s = &p->steps[si];
+            const eng_node *n = &g->nodes[s->node];
+            if (!s->kernel) { /* alias: point at the source's bytes */
+                p->vals[n->outputs[0]].data = p->vals[n->inputs[0]].data;
+                continue;
+            }
+            for (int i = 0; i < n->nin; i++) {
+                int v = n->inputs[i];
+                if (v < 0 || p->kind[v] == VAL_NONE) memset(&in[i], 0, sizeof in[i]);
+                else in[i] = p->vals[v];
+            }
+            for (int i = 0; i < n->nout; i++) {
+                if (n->outputs[i] >= 0) outs[i] = p->vals[n->outputs[i]];
+                else memset(&outs[i], 0, sizeof outs[i]);
+            }
+            krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = outs, .nout = n->nout,
+                          .state = s->state, .nthreads = p->nthreads, .const_mask = s->const_mask};
+            eng_status st = s->kernel->exec(&c);
+            if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+        }
+    }
+    for (int i = 0; i < g->noutputs; i++) outputs[i] = p->vals[g->outputs[i]];
+    return ENG_STATUS_OK;
+}
+
+void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->nodes = p->g->nnodes;
+    st->steps = p->nsteps;
+    st->folded = p->nfolded;
+    st->dynamic = p->dynamic;
+    st->arena_bytes = p->arena_bytes;
+    st->naive_bytes = p->naive_bytes;
+}
+
+void eng_plan_free(eng_plan **pp) {
+    if (!pp || !*pp) return;
+    eng_plan *p = *pp;
+    for (int si = 0; si < p->nsteps; si++) {
+        plan_step *s = &p->steps[si];
+        if (s->inited && s->kernel && s->kernel->free_state && s->state) s->kernel->free_state(s->state);
+        free_params(s->def, s->params);
+    }
+    if (p->dyn_bufs) dyn_reset(p);
+    for (int i = 0; i < p->nowned; i++) eng_free(p->owned[i]);
+    free(p->owned);
+    eng_free(p->arena);
+    free(p->vals);
+    free(p->kind);
+    free(p->root);
+    free(p->steps);
+    free(p->uses);
+    free(p->nreaders);
+    free(p->dyn_bufs);
+    free(p);
+    *pp = NULL;
+}

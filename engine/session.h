@@ -1,0 +1,41 @@
+/* session.h - the engine's front door: a loaded model plus a cache of compiled plans, keyed by input shapes.
+ *
+ * A session owns its graph (after load-time rewrites such as fusion). eng_session_run validates inputs by name
+ * against the model's declared inputs (unknown or missing names, dtype, rank and fixed dims, each error naming
+ * the input with expected vs got), finds or compiles the plan for these shapes (compiled once, reused; up to
+ * max_plans kept, least recently used evicted) and runs it. Runs on one session are serialised by a mutex;
+ * use one session per concurrent stream, or batch requests.
+ */
+#ifndef ENG_SESSION_H
+#define ENG_SESSION_H
+
+#include "graph.h"
+#include "plan.h"
+
+typedef struct eng_session_opts {
+    int nthreads;        /* <= 0: all cores */
+    eng_precision precision;
+    int no_fuse;         /* 1: skip fusion rewrites */
+    int max_plans;       /* <= 0: 16 */
+} eng_session_opts;
+
+typedef struct eng_session eng_session;
+
+/* path: a model.onnx file, or a directory that holds model.onnx (a bundle's version directory). */
+eng_status eng_session_new_file(const char *path, const eng_session_opts *opts, eng_session **out);
+/* Takes ownership of g (freed on error too). */
+eng_status eng_session_new_graph(eng_graph *g, const eng_session_opts *opts, eng_session **out);
+
+const eng_graph *eng_session_graph(const eng_session *s);
+
+/* inputs[i] is the tensor named names[i]; every graph input that is not an initializer must be given.
+ * outputs: g->noutputs views into session memory, valid until the next run on this session or its free. */
+eng_status eng_session_run(eng_session *s, int nin, const char *const *names, const eng_tensor *inputs,
+                           eng_tensor *outputs);
+
+/* Stats of the plan used by the last run (zeroed if none). */
+void eng_session_last_stats(const eng_session *s, eng_plan_stats *st);
+
+void eng_session_free(eng_session **s);
+
+#endif

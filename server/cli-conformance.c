@@ -1,0 +1,287 @@
+/* cli-conformance.c - `tensord conformance DIR`: run ONNX backend tests (Debian libonnx-testdata layout:
+ * DIR/<test>/model.onnx + DIR/<test>/test_data_set_N/{input,output}_K.pb) and compare like ONNX's runner
+ * (numpy assert_allclose with rtol 1e-3, atol 1e-7; NaN equals NaN; integers and bools exact).
+ *
+ * Classification: PASS; SKIP when the engine reports UNSUPPORTED (an op, dtype or feature we do not
+ * implement) or the test uses non-tensor types; FAIL otherwise (wrong numbers, wrong shape, any other error).
+ * With --expect FILE (one test name per line, '#' comments), exit 1 if a listed test does not pass.
+ * Without it, exit 1 if any test failed. Ends with the line "N passed, M failed, K skipped".
+ */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../engine/graph.h"
+#include "../engine/onnx.h"
+#include "../engine/session.h"
+#include "cli.h"
+
+#define ENG_OP_MAX_FEED 64
+
+enum { RES_PASS, RES_FAIL, RES_SKIP };
+
+typedef struct conf_opts {
+    const char *filter;
+    int verbose;
+    int nthreads;
+} conf_opts;
+
+static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Sorted subdirectory names of dir whose name starts with prefix (or all if prefix NULL). */
+static char **list_dirs(const char *dir, const char *prefix, int *n) {
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    char **v = NULL;
+    int cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        if (prefix && strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        char p[4096];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 64;
+            char **nv = realloc(v, (size_t)cap * sizeof *v);
+            if (!nv) break;
+            v = nv;
+        }
+        v[(*n)++] = strdup(e->d_name);
+    }
+    closedir(d);
+    if (v) qsort(v, (size_t)*n, sizeof *v, name_cmp);
+    return v;
+}
+
+static void free_list(char **v, int n) {
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+/* Compare got vs want; on mismatch write a reason. */
+static int compare(const eng_tensor *got, const eng_tensor *want, char *why, size_t n) {
+    char a[160], b[160];
+    if (got->dtype != want->dtype) {
+        snprintf(why, n, "dtype %s, expected %s", eng_dtype_name(got->dtype), eng_dtype_name(want->dtype));
+        return 0;
+    }
+    if (!eng_shape_equal(got, want)) {
+        snprintf(why, n, "shape %s, expected %s", eng_shape_str(got->dims, got->ndim, a, sizeof a),
+                 eng_shape_str(want->dims, want->ndim, b, sizeof b));
+        return 0;
+    }
+    int64_t cnt = eng_tensor_numel(want);
+    int fl = eng_dtype_is_float(want->dtype);
+    for (int64_t i = 0; i < cnt; i++) {
+        if (fl) {
+            double x = eng_tensor_get_f64(got, i), y = eng_tensor_get_f64(want, i);
+            if (isnan(x) && isnan(y)) continue;
+            if (isinf(y) && x == y) continue;
+            if (!(fabs(x - y) <= 1e-7 + 1e-3 * fabs(y))) {
+                snprintf(why, n, "element %lld: got %.9g, expected %.9g", (long long)i, x, y);
+                return 0;
+            }
+        } else if (eng_tensor_get_i64(got, i) != eng_tensor_get_i64(want, i)) {
+            snprintf(why, n, "element %lld: got %lld, expected %lld", (long long)i, (long long)eng_tensor_get_i64(got, i),
+                     (long long)eng_tensor_get_i64(want, i));
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int classify(eng_status st) { return st == ENG_STATUS_UNSUPPORTED ? RES_SKIP : RES_FAIL; }
+
+static int run_test(const char *dir, const char *name, const conf_opts *o, char *why, size_t wn) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/model.onnx", dir, name);
+    eng_session_opts so = {.nthreads = o->nthreads};
+    eng_session *s = NULL;
+    eng_status st = eng_session_new_file(path, &so, &s);
+    if (st != ENG_STATUS_OK) {
+        snprintf(why, wn, "load: %s", eng_last_error());
+        return classify(st);
+    }
+    const eng_graph *g = eng_session_graph(s);
+    /* positional feeding over inputs that are not initializers, as ONNX's backend runner does */
+    int nfeed = 0;
+    const char **names = calloc((size_t)g->ninputs + 1, sizeof *names);
+    for (int i = 0; i < g->ninputs; i++)
+        if (!g->values[g->inputs[i]].init) names[nfeed++] = g->values[g->inputs[i]].name;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int nsets = 0;
+    char **sets = list_dirs(path, "test_data_set_", &nsets);
+    int res = nsets ? RES_PASS : RES_SKIP;
+    if (!nsets) snprintf(why, wn, "no test_data_set_* directories");
+    eng_tensor *outs = calloc((size_t)g->noutputs + 1, sizeof *outs);
+    eng_tensor *ins[ENG_OP_MAX_FEED];
+    for (int si = 0; si < nsets && res == RES_PASS; si++) {
+        int nin = 0;
+        eng_tensor feed[ENG_OP_MAX_FEED];
+        for (;; nin++) {
+            struct stat sb;
+            snprintf(path, sizeof path, "%s/%s/%s/input_%d.pb", dir, name, sets[si], nin);
+            if (stat(path, &sb) != 0 || nin >= ENG_OP_MAX_FEED) break;
+            st = eng_onnx_tensor_load_file(path, &ins[nin], NULL);
+            if (st != ENG_STATUS_OK) {
+                snprintf(why, wn, "%s/input_%d.pb: %s", sets[si], nin, eng_last_error());
+                res = classify(st);
+                break;
+            }
+            feed[nin] = *ins[nin];
+        }
+        if (res == RES_PASS && nin != nfeed) {
+            snprintf(why, wn, "%s has %d inputs, the model takes %d", sets[si], nin, nfeed);
+            res = RES_SKIP; /* optional inputs/sequences the runner cannot map */
+        }
+        if (res == RES_PASS) {
+            st = eng_session_run(s, nin, names, feed, outs);
+            if (st != ENG_STATUS_OK) {
+                snprintf(why, wn, "run: %s", eng_last_error());
+                res = classify(st);
+            }
+        }
+        for (int k = 0; res == RES_PASS && k < g->noutputs; k++) {
+            snprintf(path, sizeof path, "%s/%s/%s/output_%d.pb", dir, name, sets[si], k);
+            eng_tensor *want = NULL;
+            st = eng_onnx_tensor_load_file(path, &want, NULL);
+            if (st != ENG_STATUS_OK) {
+                snprintf(why, wn, "%s/output_%d.pb: %s", sets[si], k, eng_last_error());
+                res = classify(st);
+                break;
+            }
+            char r[400];
+            if (!compare(&outs[k], want, r, sizeof r)) {
+                snprintf(why, wn, "%s output %d ('%s'): %s", sets[si], k, g->values[g->outputs[k]].name, r);
+                res = RES_FAIL;
+            }
+            eng_tensor_destroy(&want);
+        }
+        for (int k = 0; k < nin; k++) eng_tensor_destroy(&ins[k]);
+    }
+    free(outs);
+    free(names);
+    free_list(sets, nsets);
+    eng_session_free(&s);
+    return res;
+}
+
+static char **read_list(const char *file, int *n) {
+    *n = 0;
+    FILE *f = fopen(file, "r");
+    if (!f) return NULL;
+    char line[1024];
+    char **v = NULL;
+    int cap = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *c = strchr(line, '#');
+        if (c) *c = 0;
+        char *s = line, *e;
+        while (*s == ' ' || *s == '\t') s++;
+        e = s + strlen(s);
+        while (e > s && (e[-1] == '\n' || e[-1] == '\r' || e[-1] == ' ' || e[-1] == '\t')) *--e = 0;
+        if (!*s) continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 256;
+            char **nv = realloc(v, (size_t)cap * sizeof *v);
+            if (!nv) break;
+            v = nv;
+        }
+        v[(*n)++] = strdup(s);
+    }
+    fclose(f);
+    return v;
+}
+
+int srv_cmd_conformance(int argc, char **argv) {
+    conf_opts o = {0};
+    const char *dir = NULL, *expect = NULL, *write_passes = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if ((v = srv_flag(argc, argv, &i, "--filter"))) o.filter = v;
+        else if ((v = srv_flag(argc, argv, &i, "--expect"))) expect = v;
+        else if ((v = srv_flag(argc, argv, &i, "--write-passes"))) write_passes = v;
+        else if ((v = srv_flag(argc, argv, &i, "--threads"))) o.nthreads = atoi(v);
+        else if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) o.verbose = 1;
+        else if (argv[i][0] == '-') {
+            fprintf(stderr, "error: unknown option '%s'\n", argv[i]);
+            return 2;
+        } else dir = argv[i];
+    }
+    if (!dir) {
+        fprintf(stderr, "error: conformance needs a directory of ONNX backend tests\n");
+        return 2;
+    }
+    int ntests = 0;
+    char **tests = list_dirs(dir, NULL, &ntests);
+    if (!tests || ntests == 0) {
+        fprintf(stderr, "error: no tests under '%s'\n", dir);
+        free_list(tests, ntests);
+        return 1;
+    }
+    int nexp = 0;
+    char **exp = NULL;
+    if (expect) {
+        exp = read_list(expect, &nexp);
+        if (!exp) {
+            fprintf(stderr, "error: cannot read expected-pass list '%s'\n", expect);
+            free_list(tests, ntests);
+            return 2;
+        }
+    }
+    FILE *wp = NULL;
+    if (write_passes && !(wp = fopen(write_passes, "w"))) {
+        fprintf(stderr, "error: cannot write '%s'\n", write_passes);
+        return 2;
+    }
+    int *res = calloc((size_t)ntests, sizeof *res);
+    int npass = 0, nfail = 0, nskip = 0;
+    for (int t = 0; t < ntests; t++) {
+        res[t] = -1;
+        if (o.filter && !strstr(tests[t], o.filter)) continue;
+        char why[2048] = "";
+        eng_err_clear();
+        res[t] = run_test(dir, tests[t], &o, why, sizeof why);
+        if (res[t] == RES_PASS) {
+            npass++;
+            if (wp) fprintf(wp, "%s\n", tests[t]);
+            if (o.verbose) printf("PASS %s\n", tests[t]);
+        } else if (res[t] == RES_SKIP) {
+            nskip++;
+            if (o.verbose) printf("SKIP %s: %s\n", tests[t], why);
+        } else {
+            nfail++;
+            printf("FAIL %s: %s\n", tests[t], why);
+        }
+        fflush(stdout);
+    }
+    int regress = 0;
+    for (int e = 0; e < nexp; e++) {
+        int found = 0;
+        for (int t = 0; t < ntests; t++)
+            if (strcmp(tests[t], exp[e]) == 0) {
+                found = 1;
+                if (res[t] != RES_PASS && res[t] != -1) {
+                    printf("REGRESSION %s: listed in %s but did not pass\n", exp[e], expect);
+                    regress++;
+                }
+            }
+        if (!found) {
+            printf("REGRESSION %s: listed in %s but not found under %s\n", exp[e], expect, dir);
+            regress++;
+        }
+    }
+    if (wp) fclose(wp);
+    printf("%d passed, %d failed, %d skipped\n", npass, nfail, nskip);
+    free(res);
+    free_list(tests, ntests);
+    free_list(exp, nexp);
+    if (expect) return regress ? 1 : 0;
+    return nfail ? 1 : 0;
+}

@@ -1,0 +1,57 @@
+/* main.c - the tensord binary: subcommand dispatch. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifndef TENSORD_VERSION
+#define TENSORD_VERSION "0.1.0"
+#endif
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "tensord %s - model server with built-in training\n"
+            "usage:\n"
+            "  tensord predict --model PATH --input NAME=FILE.npy [--input ...] --output-dir DIR [--threads T]\n"
+            "  tensord bench --model PATH --input NAME=FILE.npy [...] [--iterations N] [--warmup W] [--threads T]\n"
+            "  tensord conformance DIR [--filter SUBSTR] [-v] [--expect FILE] [--write-passes FILE] [--threads T]\n"
+            "  tensord version\n"
+            "PATH is a model.onnx file or a version directory holding one.\n",
+            TENSORD_VERSION);
+}
+
+const char *srv_flag(int argc, char **argv, int *i, const char *name) {
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] != '\0') return NULL;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "error: %s needs a value\n", name);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "predict") == 0) return srv_cmd_predict(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0) return srv_cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "conformance") == 0) return srv_cmd_conformance(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("tensord %s\n", TENSORD_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "error: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
