@@ -27,7 +27,7 @@ WERROR := $(if $(CI),-Werror,)
 CFLAGS_BASE := -std=gnu11 -march=$(ARCH) $(OPT) -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
 	$(WERROR) -fopenmp -fPIC -I. -I$(GEN) $(SANFLAGS)
 CFLAGS += $(CFLAGS_BASE)
-LDLIBS := -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
+LDLIBS := -lmicrohttpd -lcjson -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
 
 # ---- feature detection: one line per feature ----
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -42,8 +42,15 @@ $(info tensord build: oneDNN $(if $(filter 1,$(HAVE_DNNL)),found,NOT FOUND (make
 $(info tensord build: onnx.proto $(if $(filter 1,$(HAVE_ONNX_PROTO)),found,NOT FOUND (make deps)))
 $(info tensord build: nvcc $(if $(NVCC),found at $(NVCC),not found)$(if $(filter 1,$(CUDA_ON)), (CUDA=1: compiling kernels/cuda), (CUDA kernels off; CUDA=1 to compile)))
 
+# SERVE=1 links `tensord serve` (server/*.c beyond the CLI) while the serving files are being written.
+SERVE ?= 0
+$(info tensord build: serving $(if $(filter 1,$(SERVE)),on,off (SERVE=1 builds tensord serve)))
 LIB_SRC := $(wildcard engine/*.c engine/ops/*.c kernels/*.c kernels/cpu/*.c)
+ifeq ($(SERVE),1)
 BIN_SRC := $(wildcard server/*.c admin/*.c models/*.c)
+else
+BIN_SRC := server/main.c $(wildcard server/cli-*.c)
+endif
 CU_SRC := $(wildcard kernels/cuda/*.cu)
 LIB_OBJ := $(GEN)/onnx.pb-c.o $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 BIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(BIN_SRC))
@@ -51,7 +58,7 @@ CU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: all deps test test-unit test-conformance test-py test-fuzz bench serve clean cuda test-gpu
+.PHONY: all deps test test-unit test-conformance test-py test-fuzz bench demo clean cuda test-gpu
 all: $(BUILD)/tensord $(BUILD)/libtensord.a $(if $(filter 1,$(CUDA_ON)),cuda,)
 
 $(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
@@ -118,8 +125,11 @@ test-fuzz:
 bench: all
 	$(PY) bench/run.py
 
-serve: all
-	$(BUILD)/tensord serve --model_name=demo --model_base_path=models/demo
+# The main job on the bundled demo model: build the demo bundle, run tensord on 16 Fashion-MNIST test images.
+demo: all
+	$(PY) models/demo/make_demo.py --out $(BUILD)/demo
+	$(BUILD)/tensord predict --model $(BUILD)/demo/fashion/1 --input images=$(BUILD)/demo/images.npy --output-dir $(BUILD)/demo/out
+	$(PY) models/demo/show.py $(BUILD)/demo/out/probabilities.npy $(BUILD)/demo/labels.npy
 
 clean:
 	rm -rf build

@@ -307,9 +307,10 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
             goto fail;
         }
         plan_step *s = &p->steps[p->nsteps];
+        memset(s, 0, sizeof *s);
         s->node = order[oi];
         s->def = d;
-        if (d->kernel) {
+        if (d->kernel && !(d->flags & ENG_OP_ALIAS)) {
             s->kernel = krn_backend_find(plan_backend(p), d->kernel);
             if (!s->kernel) {
                 st = eng_err(ENG_STATUS_UNSUPPORTED, "%sbackend '%s' has no kernel '%s'", node_label(n, lb, sizeof lb),

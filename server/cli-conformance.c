@@ -5,7 +5,8 @@
  * Classification: PASS; SKIP when the engine reports UNSUPPORTED (an op, dtype or feature we do not
  * implement) or the test uses non-tensor types; FAIL otherwise (wrong numbers, wrong shape, any other error).
  * With --expect FILE (one test name per line, '#' comments), exit 1 if a listed test does not pass.
- * Without it, exit 1 if any test failed. Ends with the line "N passed, M failed, K skipped".
+ * Without it, exit 1 if any test failed. --isolate runs each test in a child process: a crash is then a
+ * CRASH line (and exit 1) instead of the end of the run. Ends with the line "N passed, M failed, K skipped".
  */
 #include <dirent.h>
 #include <math.h>
@@ -13,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../engine/graph.h"
 #include "../engine/onnx.h"
@@ -21,11 +24,12 @@
 
 #define ENG_OP_MAX_FEED 64
 
-enum { RES_PASS, RES_FAIL, RES_SKIP };
+enum { RES_PASS, RES_FAIL, RES_SKIP, RES_CRASH };
 
 typedef struct conf_opts {
     const char *filter;
     int verbose;
+    int isolate;
     int nthreads;
 } conf_opts;
 
@@ -172,6 +176,38 @@ static int run_test(const char *dir, const char *name, const conf_opts *o, char 
     return res;
 }
 
+/* Run one test in a child process so that a crash is reported as a CRASH line, not the end of the run. */
+static int run_test_isolated(const char *dir, const char *name, const conf_opts *o, char *why, size_t wn) {
+    int fds[2];
+    if (pipe(fds) != 0) return run_test(dir, name, o, why, wn);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return run_test(dir, name, o, why, wn);
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        int r = run_test(dir, name, o, why, wn);
+        size_t len = strlen(why);
+        if (write(fds[1], why, len) != (ssize_t)len) r = RES_FAIL;
+        _exit(r);
+    }
+    close(fds[1]);
+    size_t k = 0;
+    ssize_t got;
+    while (k + 1 < wn && (got = read(fds[0], why + k, wn - 1 - k)) > 0) k += (size_t)got;
+    why[k] = 0;
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) <= RES_SKIP) return WEXITSTATUS(status);
+    snprintf(why, wn, "CRASHED (%s %d)", WIFSIGNALED(status) ? "signal" : "exit code",
+             WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    return RES_CRASH;
+}
+
 static char **read_list(const char *file, int *n) {
     *n = 0;
     FILE *f = fopen(file, "r");
@@ -208,6 +244,7 @@ int srv_cmd_conformance(int argc, char **argv) {
         else if ((v = srv_flag(argc, argv, &i, "--expect"))) expect = v;
         else if ((v = srv_flag(argc, argv, &i, "--write-passes"))) write_passes = v;
         else if ((v = srv_flag(argc, argv, &i, "--threads"))) o.nthreads = atoi(v);
+        else if (strcmp(argv[i], "--isolate") == 0) o.isolate = 1;
         else if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) o.verbose = 1;
         else if (argv[i][0] == '-') {
             fprintf(stderr, "error: unknown option '%s'\n", argv[i]);
@@ -241,13 +278,14 @@ int srv_cmd_conformance(int argc, char **argv) {
         return 2;
     }
     int *res = calloc((size_t)ntests, sizeof *res);
-    int npass = 0, nfail = 0, nskip = 0;
+    int npass = 0, nfail = 0, nskip = 0, ncrash = 0;
     for (int t = 0; t < ntests; t++) {
         res[t] = -1;
         if (o.filter && !strstr(tests[t], o.filter)) continue;
         char why[2048] = "";
         eng_err_clear();
-        res[t] = run_test(dir, tests[t], &o, why, sizeof why);
+        res[t] = o.isolate ? run_test_isolated(dir, tests[t], &o, why, sizeof why)
+                           : run_test(dir, tests[t], &o, why, sizeof why);
         if (res[t] == RES_PASS) {
             npass++;
             if (wp) fprintf(wp, "%s\n", tests[t]);
@@ -257,7 +295,8 @@ int srv_cmd_conformance(int argc, char **argv) {
             if (o.verbose) printf("SKIP %s: %s\n", tests[t], why);
         } else {
             nfail++;
-            printf("FAIL %s: %s\n", tests[t], why);
+            if (res[t] == RES_CRASH) ncrash++;
+            printf("%s %s: %s\n", res[t] == RES_CRASH ? "CRASH" : "FAIL", tests[t], why);
         }
         fflush(stdout);
     }
@@ -282,6 +321,7 @@ int srv_cmd_conformance(int argc, char **argv) {
     free(res);
     free_list(tests, ntests);
     free_list(exp, nexp);
-    if (expect) return regress ? 1 : 0;
+    if (ncrash) printf("%d tests crashed\n", ncrash);
+    if (expect) return (regress || ncrash) ? 1 : 0;
     return nfail ? 1 : 0;
 }

@@ -5,6 +5,9 @@
 
 #include "cli.h"
 
+/* Weak while the serving files are optional in the build (Makefile SERVE=1). */
+int srv_cmd_serve(int argc, char **argv) __attribute__((weak));
+
 #ifndef TENSORD_VERSION
 #define TENSORD_VERSION "0.1.0"
 #endif
@@ -13,9 +16,10 @@ static void usage(FILE *f) {
     fprintf(f,
             "tensord %s - model server with built-in training\n"
             "usage:\n"
+            "  tensord serve --model_name=NAME --model_base_path=DIR [--rest_api_port=8501] [...]  (TF Serving flags)\n"
             "  tensord predict --model PATH --input NAME=FILE.npy [--input ...] --output-dir DIR [--threads T]\n"
             "  tensord bench --model PATH --input NAME=FILE.npy [...] [--iterations N] [--warmup W] [--threads T]\n"
-            "  tensord conformance DIR [--filter SUBSTR] [-v] [--expect FILE] [--write-passes FILE] [--threads T]\n"
+            "  tensord conformance DIR [--filter SUBSTR] [-v] [--expect FILE] [--write-passes FILE] [--threads T] [--isolate]\n"
             "  tensord version\n"
             "PATH is a model.onnx file or a version directory holding one.\n",
             TENSORD_VERSION);
@@ -40,6 +44,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "serve") == 0) {
+        if (!srv_cmd_serve) {
+            fprintf(stderr, "error: this build has no serving (rebuild with make SERVE=1)\n");
+            return 2;
+        }
+        return srv_cmd_serve(argc - 1, argv + 1);
+    }
     if (strcmp(cmd, "predict") == 0) return srv_cmd_predict(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return srv_cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "conformance") == 0) return srv_cmd_conformance(argc - 1, argv + 1);
