@@ -1,0 +1,37 @@
+/* file-io.h - whole-file reads with size limits and atomic writes (temp file in the same directory, fsync,
+ * rename, fsync of the directory). Used by the ONNX and npy readers/writers.
+ *
+ * Invariants: a reader never allocates more than the file's size (bounded by `limit`); a writer never leaves a
+ * partial file at the destination path: either the old file or the complete new one is visible, and on failure
+ * the temp file is removed. Errors name the path.
+ */
+#ifndef ENG_FILE_IO_H
+#define ENG_FILE_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* Read a whole regular file (at most `limit` bytes) into a malloc'd buffer (free with free()). */
+eng_status eng_file_read(const char *path, size_t limit, uint8_t **buf, size_t *len);
+
+/* Directory part of path ("." if none, "/" for "/x"), malloc'd; NULL on allocation failure. */
+char *eng_file_dirname(const char *path);
+
+typedef struct eng_atomic_file {
+    int fd;     /* -1 when closed */
+    char *tmp;  /* "<dir>/.tmp-<name>-<pid>" */
+    char *path; /* destination */
+    uint64_t size; /* bytes written so far */
+} eng_atomic_file;
+
+/* Create the temp file beside `path`. On failure *f is left closed (fd -1, nothing to clean). */
+eng_status eng_atomic_open(eng_atomic_file *f, const char *path);
+eng_status eng_atomic_write(eng_atomic_file *f, const void *buf, size_t n);
+/* fsync, close, rename over the destination, fsync the directory. The file is closed either way. */
+eng_status eng_atomic_commit(eng_atomic_file *f);
+/* Close and remove the temp file (no-op if closed). */
+void eng_atomic_abort(eng_atomic_file *f);
+
+#endif
