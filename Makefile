@@ -58,7 +58,7 @@ CU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: all deps test test-unit test-conformance test-py test-fuzz bench demo clean cuda test-gpu
+.PHONY: all deps test test-unit test-conformance test-py test-san test-fuzz bench demo clean cuda test-gpu
 all: $(BUILD)/tensord $(BUILD)/libtensord.a $(if $(filter 1,$(CUDA_ON)),cuda,)
 
 $(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
@@ -103,7 +103,7 @@ deps:
 
 # ---- tests ----
 CONF := /usr/share/libonnx-testdata/data
-test: all test-unit test-conformance test-py test-fuzz
+test: all test-unit test-conformance test-py test-san test-fuzz
 	@echo "make test: all suites passed"
 
 test-unit: $(UNIT_BIN)
@@ -113,6 +113,20 @@ test-conformance: $(BUILD)/tensord
 	@set -e; for s in node pytorch-converted pytorch-operator simple; do \
 	  echo "== conformance $$s"; \
 	  $(BUILD)/tensord conformance $(CONF)/$$s --expect tests/conformance/expected-$$s.txt; \
+	done
+
+# The unit tests and the whole conformance run again under AddressSanitizer + UBSan (each test isolated in a
+# child process so that a crash is named, and counted as a failure).
+SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
+test-san:
+	$(MAKE) --no-print-directory SAN=1 build/san/tensord $(patsubst tests/unit/%.c,build/san/tests/%,$(UNIT_SRC))
+	@set -e; for t in $(patsubst tests/unit/%.c,build/san/tests/%,$(UNIT_SRC)); do echo "== (asan) $$t"; $(SAN_ENV) $$t --jobs 2; done
+	@set -e; for s in node pytorch-converted pytorch-operator simple; do \
+	  echo "== (asan) conformance $$s"; \
+	  $(SAN_ENV) build/san/tensord conformance $(CONF)/$$s --isolate --expect tests/conformance/expected-$$s.txt 2>&1 | tee build/san/conformance-$$s.log | tail -n 3; \
+	  if grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" build/san/conformance-$$s.log; then \
+	    echo "sanitizer report in conformance $$s (build/san/conformance-$$s.log)"; exit 1; fi; \
+	  grep -q "^REGRESSION\|tests crashed" build/san/conformance-$$s.log && exit 1 || true; \
 	done
 
 test-py: $(BUILD)/tensord

@@ -25,7 +25,13 @@ eng_status eng_err_prefix(eng_status st, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
-    snprintf(eng_err_buf, sizeof eng_err_buf, "%s%s", pre, old);
+    size_t np = strnlen(pre, sizeof pre - 1);
+    size_t no = strnlen(old, sizeof old - 1);
+    if (np > sizeof eng_err_buf - 1) np = sizeof eng_err_buf - 1;
+    if (no > sizeof eng_err_buf - 1 - np) no = sizeof eng_err_buf - 1 - np;
+    memcpy(eng_err_buf, pre, np);
+    memcpy(eng_err_buf + np, old, no);
+    eng_err_buf[np + no] = '\0';
     return st;
 }
 

@@ -134,7 +134,10 @@ eng_status eng_tensor_resize_infer(eng_op_ctx *c) {
                 return eng_err(ENG_STATUS_INVALID_ARGUMENT, "'scales'[%d] = %g must be positive", k, scales[k]);
             p->scales[a] = scales[k];
             double span = p->coord == KRN_COORD_TF_CROP_AND_RESIZE ? p->roi[r + a] - p->roi[a] : 1.0;
-            o->dims[a] = (int64_t)floor((double)x->dims[a] * span * scales[k] + 1e-9);
+            double d = floor((double)x->dims[a] * span * scales[k] + 1e-9);
+            if (!(d >= 0 && d < 9.0e15))
+                return eng_err(ENG_STATUS_OUT_OF_MEMORY, "'scales'[%d] = %g gives an output dim out of range", k, scales[k]);
+            o->dims[a] = (int64_t)d;
         }
     } else {
         const char *pol = c->opset >= 18 ? eng_node_attr_str(c->node, "keep_aspect_ratio_policy", "stretch") : "stretch";

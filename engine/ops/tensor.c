@@ -144,7 +144,8 @@ static eng_status reshape_infer(eng_op_ctx *c) {
         }
         if (shape[i] < 0)
             return eng_err(ENG_STATUS_INVALID_ARGUMENT, "input 'shape'[%d] = %lld is negative", i, (long long)shape[i]);
-        known *= shape[i];
+        if (__builtin_mul_overflow(known, shape[i], &known))
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "input 'shape' has an element count that overflows int64");
     }
     if (neg >= 0) {
         if (known == 0 || in_numel % known != 0) {
