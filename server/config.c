@@ -1,0 +1,368 @@
+/* config.c - `tensord serve` flags and config files (see config.h). */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "textproto.h"
+
+typedef enum { OPT_INT, OPT_I64, OPT_DOUBLE, OPT_BOOL, OPT_STR } opt_kind;
+
+typedef struct opt_def {
+    const char *name;
+    opt_kind kind;
+    size_t off;
+} opt_def;
+
+#define O(f) offsetof(srv_options, f)
+static const opt_def opt_table[] = {
+    {"port", OPT_INT, O(grpc_port)},
+    {"rest_api_port", OPT_INT, O(rest_port)},
+    {"rest_api_host", OPT_STR, O(rest_host)},
+    {"model_name", OPT_STR, O(model_name)},
+    {"model_base_path", OPT_STR, O(model_base_path)},
+    {"model_config_file", OPT_STR, O(model_config_file)},
+    {"model_config_file_poll_wait_seconds", OPT_DOUBLE, O(model_config_file_poll_wait_seconds)},
+    {"file_system_poll_wait_seconds", OPT_DOUBLE, O(file_system_poll_wait_seconds)},
+    {"enable_batching", OPT_BOOL, O(enable_batching)},
+    {"batching_parameters_file", OPT_STR, O(batching_parameters_file)},
+    {"monitoring_config_file", OPT_STR, O(monitoring_config_file)},
+    {"rest_api_timeout_in_ms", OPT_I64, O(rest_api_timeout_in_ms)},
+    {"allow_version_labels_for_unavailable_models", OPT_BOOL, O(allow_version_labels_for_unavailable_models)},
+    {"rest_api_num_threads", OPT_INT, O(rest_api_num_threads)},
+    {"tensorflow_intra_op_parallelism", OPT_INT, O(session_threads)},
+    {"rest_api_max_body_bytes", OPT_I64, O(max_body_bytes)},
+    {"rest_api_connection_limit", OPT_INT, O(connection_limit)},
+    {"rest_api_connection_timeout_seconds", OPT_INT, O(connection_timeout_s)},
+    {"drain_seconds", OPT_DOUBLE, O(drain_seconds)},
+};
+#undef O
+
+static srv_code opt_set(srv_options *o, const opt_def *d, const char *v, srv_error *err) {
+    char *end = NULL;
+    void *p = (char *)o + d->off;
+    errno = 0;
+    switch (d->kind) {
+    case OPT_INT:
+    case OPT_I64: {
+        long long x = strtoll(v, &end, 10);
+        if (!*v || *end || errno || x < 0 || (d->kind == OPT_INT && x > 0x7fffffff))
+            return srv_err(err, SRV_INVALID_ARGUMENT, "--%s: expected a non-negative integer, got '%s'", d->name, v);
+        if (d->kind == OPT_INT) *(int *)p = (int)x;
+        else *(int64_t *)p = x;
+        return SRV_OK;
+    }
+    case OPT_DOUBLE: {
+        double x = strtod(v, &end);
+        if (!*v || *end || x < 0 || x != x)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "--%s: expected a non-negative number, got '%s'", d->name, v);
+        *(double *)p = x;
+        return SRV_OK;
+    }
+    case OPT_BOOL:
+        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) *(int *)p = 1;
+        else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) *(int *)p = 0;
+        else return srv_err(err, SRV_INVALID_ARGUMENT, "--%s: expected true or false, got '%s'", d->name, v);
+        return SRV_OK;
+    case OPT_STR: {
+        char **s = p;
+        free(*s);
+        *s = strdup(v);
+        return *s ? SRV_OK : srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    }
+    return SRV_INTERNAL;
+}
+
+srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err) {
+    memset(o, 0, sizeof *o);
+    o->grpc_port = 8500;
+    o->rest_port = 8501;
+    o->file_system_poll_wait_seconds = 1;
+    o->rest_api_timeout_in_ms = 30000;
+    o->max_body_bytes = 64 << 20;
+    o->connection_limit = 2048;
+    o->connection_timeout_s = 30;
+    o->drain_seconds = 30;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "unexpected argument '%s' (flags look like --name=value)", a);
+        a += 2;
+        const char *eq = strchr(a, '=');
+        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
+        const opt_def *d = NULL;
+        for (size_t k = 0; k < sizeof opt_table / sizeof opt_table[0]; k++)
+            if (strlen(opt_table[k].name) == nlen && strncmp(opt_table[k].name, a, nlen) == 0) d = &opt_table[k];
+        if (!d) return srv_err(err, SRV_INVALID_ARGUMENT, "unknown flag '--%.*s'", (int)nlen, a);
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v) {
+            if (d->kind == OPT_BOOL && (i + 1 >= argc || (strcmp(argv[i + 1], "true") && strcmp(argv[i + 1], "false")))) v = "true";
+            else if (i + 1 < argc) v = argv[++i];
+            else return srv_err(err, SRV_INVALID_ARGUMENT, "--%s needs a value", d->name);
+        }
+        srv_code c = opt_set(o, d, v, err);
+        if (c != SRV_OK) return c;
+    }
+    if (o->model_config_file && o->model_base_path)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "--model_config_file and --model_base_path are mutually exclusive");
+    if (!o->model_config_file && !o->model_base_path) {
+        const char *env_base = getenv("MODEL_BASE_PATH"), *env_name = getenv("MODEL_NAME");
+        if (env_base && *env_base) {
+            /* TF Serving's image: MODEL_BASE_PATH is the parent, the model lives in $MODEL_BASE_PATH/$MODEL_NAME */
+            const char *name = (env_name && *env_name) ? env_name : "model";
+            size_t n = strlen(env_base) + strlen(name) + 2;
+            o->model_base_path = malloc(n);
+            if (!o->model_base_path) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+            snprintf(o->model_base_path, n, "%s/%s", env_base, name);
+            if (!o->model_name) o->model_name = strdup(name);
+        } else {
+            return srv_err(err, SRV_INVALID_ARGUMENT,
+                           "no model to serve: give --model_base_path (and --model_name), --model_config_file, "
+                           "or set MODEL_BASE_PATH/MODEL_NAME");
+        }
+    }
+    if (!o->model_name) o->model_name = strdup(getenv("MODEL_NAME") && *getenv("MODEL_NAME") ? getenv("MODEL_NAME") : "default");
+    if (!o->model_name) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    if (o->rest_port > 65535 || o->grpc_port > 65535) return srv_err(err, SRV_INVALID_ARGUMENT, "ports must be <= 65535");
+    if (o->max_body_bytes < 1024) return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_max_body_bytes must be >= 1024");
+    return SRV_OK;
+}
+
+void srv_options_free(srv_options *o) {
+    free(o->rest_host);
+    free(o->model_name);
+    free(o->model_base_path);
+    free(o->model_config_file);
+    free(o->batching_parameters_file);
+    free(o->monitoring_config_file);
+    memset(o, 0, sizeof *o);
+}
+
+void srv_model_config_free(srv_model_config *c) {
+    if (!c) return;
+    free(c->name);
+    free(c->base_path);
+    free(c->platform);
+    free(c->versions);
+    for (int i = 0; i < c->nlabels; i++) free(c->label_names[i]);
+    free(c->label_names);
+    free(c->label_versions);
+    memset(c, 0, sizeof *c);
+}
+
+static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, srv_error *err) {
+    memset(c, 0, sizeof *c);
+    const char *name = srv_tp_str(m, "name"), *base = srv_tp_str(m, "base_path"), *plat = srv_tp_str(m, "model_platform");
+    if (!name || !*name) return srv_err(err, SRV_INVALID_ARGUMENT, "%s: a config has no name", what);
+    if (!srv_name_valid(name))
+        return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model name '%s' must match [A-Za-z0-9_.-]+ and not be '.' or '..'",
+                       what, name);
+    if (!base || !*base) return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s' has no base_path", what, name);
+    c->name = strdup(name);
+    c->base_path = strdup(base);
+    c->platform = strdup(plat ? plat : "onnx");
+    c->policy = SRV_POLICY_LATEST;
+    c->latest_n = 1;
+    if (!c->name || !c->base_path || !c->platform) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    const srv_tp *pol = srv_tp_get(m, "model_version_policy", 0);
+    if (pol) {
+        const srv_tp *p;
+        if ((p = srv_tp_get(pol, "latest", 0))) {
+            int64_t n = 1;
+            if (srv_tp_int(p, "num_versions", &n, err) == -2) return SRV_INVALID_ARGUMENT;
+            if (n < 1 || n > 1000)
+                return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': latest.num_versions must be 1..1000", what, name);
+            c->latest_n = (int)n;
+        } else if (srv_tp_get(pol, "all", 0)) {
+            c->policy = SRV_POLICY_ALL;
+        } else if ((p = srv_tp_get(pol, "specific", 0))) {
+            c->policy = SRV_POLICY_SPECIFIC;
+            int n = srv_tp_count(p, "versions");
+            if (n == 0) return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': specific policy lists no versions", what, name);
+            c->versions = calloc((size_t)n, sizeof *c->versions);
+            if (!c->versions) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+            for (int i = 0; i < n; i++) {
+                const srv_tp *v = srv_tp_get(p, "versions", i);
+                char *end = NULL;
+                long long x = v->scalar ? strtoll(v->scalar, &end, 10) : -1;
+                if (!v->scalar || *end || x < 1)
+                    return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': version '%s' is not a positive integer", what,
+                                   name, v->scalar ? v->scalar : "{...}");
+                c->versions[c->nversions++] = x;
+            }
+        } else {
+            return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': model_version_policy needs latest, all or specific",
+                           what, name);
+        }
+    }
+    int nl = srv_tp_count(m, "version_labels");
+    /* text format: repeated { key: 'a' value: 1 }; JSON map: "version_labels": {"a": 1, ...} */
+    int total = 0;
+    for (int i = 0; i < nl; i++) {
+        const srv_tp *l = srv_tp_get(m, "version_labels", i);
+        total += srv_tp_get(l, "key", 0) ? 1 : l->nkids;
+    }
+    if (total) {
+        c->label_names = calloc((size_t)total, sizeof *c->label_names);
+        c->label_versions = calloc((size_t)total, sizeof *c->label_versions);
+        if (!c->label_names || !c->label_versions) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (int i = 0; i < nl; i++) {
+        const srv_tp *l = srv_tp_get(m, "version_labels", i);
+        int kv = srv_tp_get(l, "key", 0) != NULL;
+        for (int k = 0; k < (kv ? 1 : l->nkids); k++) {
+            const char *key = kv ? srv_tp_str(l, "key") : l->kids[k].name;
+            const char *val = kv ? srv_tp_str(l, "value") : l->kids[k].scalar;
+            char *end = NULL;
+            long long x = val ? strtoll(val, &end, 10) : -1;
+            if (!key || !srv_name_valid(key))
+                return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': label '%s' must match [A-Za-z0-9_.-]+", what,
+                               name, key ? key : "");
+            if (!val || *end || x < 1)
+                return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': label '%s' needs a positive version", what, name, key);
+            for (int j = 0; j < c->nlabels; j++)
+                if (strcmp(c->label_names[j], key) == 0)
+                    return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': label '%s' given twice", what, name, key);
+            c->label_names[c->nlabels] = strdup(key);
+            c->label_versions[c->nlabels++] = x;
+        }
+    }
+    return SRV_OK;
+}
+
+srv_code srv_config_load_models(const char *path, srv_model_config **cfgs, int *n, srv_error *err) {
+    *cfgs = NULL;
+    *n = 0;
+    srv_tp *root = NULL;
+    srv_code c = srv_tp_parse_file(path, &root, err);
+    if (c != SRV_OK) return c;
+    const srv_tp *list = srv_tp_get(root, "model_config_list", 0);
+    if (!list) {
+        srv_tp_free(&root);
+        return srv_err(err, SRV_INVALID_ARGUMENT, "%s: no model_config_list", path);
+    }
+    int cnt = srv_tp_count(list, "config");
+    srv_model_config *v = calloc((size_t)cnt + 1, sizeof *v);
+    if (!v) {
+        srv_tp_free(&root);
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (int i = 0; i < cnt && c == SRV_OK; i++) {
+        c = cfg_one(srv_tp_get(list, "config", i), path, &v[i], err);
+        for (int j = 0; c == SRV_OK && j < i; j++)
+            if (strcmp(v[j].name, v[i].name) == 0) c = srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s' configured twice", path, v[i].name);
+    }
+    srv_tp_free(&root);
+    if (c != SRV_OK) {
+        for (int i = 0; i < cnt; i++) srv_model_config_free(&v[i]);
+        free(v);
+        return c;
+    }
+    *cfgs = v;
+    *n = cnt;
+    return SRV_OK;
+}
+
+srv_code srv_config_models(const srv_options *o, srv_model_config **cfgs, int *n, srv_error *err) {
+    if (o->model_config_file) return srv_config_load_models(o->model_config_file, cfgs, n, err);
+    *cfgs = NULL;
+    *n = 0;
+    if (!srv_name_valid(o->model_name))
+        return srv_err(err, SRV_INVALID_ARGUMENT, "model name '%s' must match [A-Za-z0-9_.-]+", o->model_name);
+    srv_model_config *c = calloc(1, sizeof *c);
+    if (!c) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    c->name = strdup(o->model_name);
+    c->base_path = strdup(o->model_base_path);
+    c->platform = strdup("onnx");
+    c->policy = SRV_POLICY_LATEST;
+    c->latest_n = 1;
+    if (!c->name || !c->base_path || !c->platform) {
+        srv_model_config_free(c);
+        free(c);
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    *cfgs = c;
+    *n = 1;
+    return SRV_OK;
+}
+
+srv_code srv_config_load_batching(const char *path, srv_batch_opts *o, srv_error *err) {
+    srv_tp *root = NULL;
+    srv_code c = srv_tp_parse_file(path, &root, err);
+    if (c != SRV_OK) return c;
+    int64_t v;
+    int r;
+#define BATCH_FIELD(f)                                                                                          \
+    if ((r = srv_tp_wrapped_int(root, #f, &v, err)) == -2) goto bad;                                            \
+    if (r == 0) {                                                                                               \
+        if (v < 0) {                                                                                            \
+            srv_err(err, SRV_INVALID_ARGUMENT, "%s: " #f " must be >= 0", path);                                \
+            goto bad;                                                                                           \
+        }                                                                                                       \
+        o->f = v;                                                                                               \
+    }
+    BATCH_FIELD(max_batch_size)
+    BATCH_FIELD(batch_timeout_micros)
+    BATCH_FIELD(max_enqueued_batches)
+    BATCH_FIELD(num_batch_threads)
+#undef BATCH_FIELD
+    int na = srv_tp_count(root, "allowed_batch_sizes");
+    if (na > (int)(sizeof o->allowed_batch_sizes / sizeof o->allowed_batch_sizes[0])) {
+        srv_err(err, SRV_INVALID_ARGUMENT, "%s: at most 32 allowed_batch_sizes", path);
+        goto bad;
+    }
+    o->nallowed = 0;
+    for (int i = 0; i < na; i++) {
+        const srv_tp *f = srv_tp_get(root, "allowed_batch_sizes", i);
+        char *end = NULL;
+        long long x = f->scalar ? strtoll(f->scalar, &end, 10) : -1;
+        if (!f->scalar || *end || x < 1 || (o->nallowed && x <= o->allowed_batch_sizes[o->nallowed - 1])) {
+            srv_err(err, SRV_INVALID_ARGUMENT, "%s: allowed_batch_sizes must be increasing positive integers", path);
+            goto bad;
+        }
+        o->allowed_batch_sizes[o->nallowed++] = x;
+    }
+    if (o->max_batch_size < 1 || o->max_enqueued_batches < 1 || o->num_batch_threads < 1) {
+        srv_err(err, SRV_INVALID_ARGUMENT, "%s: max_batch_size, max_enqueued_batches and num_batch_threads must be >= 1", path);
+        goto bad;
+    }
+    if (o->nallowed && o->allowed_batch_sizes[o->nallowed - 1] != o->max_batch_size) {
+        srv_err(err, SRV_INVALID_ARGUMENT, "%s: the last allowed_batch_sizes entry (%lld) must equal max_batch_size (%lld)",
+                path, (long long)o->allowed_batch_sizes[o->nallowed - 1], (long long)o->max_batch_size);
+        goto bad;
+    }
+    srv_tp_free(&root);
+    return SRV_OK;
+bad:
+    srv_tp_free(&root);
+    return SRV_INVALID_ARGUMENT;
+}
+
+srv_code srv_config_load_monitoring(const char *path, int *enable, char **metrics_path, srv_error *err) {
+    srv_tp *root = NULL;
+    srv_code c = srv_tp_parse_file(path, &root, err);
+    if (c != SRV_OK) return c;
+    const srv_tp *p = srv_tp_get(root, "prometheus_config", 0);
+    *enable = 0;
+    if (p) {
+        if (srv_tp_bool(p, "enable", enable, err) == -2) {
+            srv_tp_free(&root);
+            return SRV_INVALID_ARGUMENT;
+        }
+        const char *mp = srv_tp_str(p, "path");
+        if (mp && *mp) {
+            if (mp[0] != '/' || strstr(mp, "..")) {
+                srv_tp_free(&root);
+                return srv_err(err, SRV_INVALID_ARGUMENT, "%s: prometheus_config.path must start with '/'", path);
+            }
+            free(*metrics_path);
+            *metrics_path = strdup(mp);
+        }
+    }
+    srv_tp_free(&root);
+    return SRV_OK;
+}

@@ -1,0 +1,47 @@
+/* config.h - tensord serve's command line (TF Serving's flag names) and its config files:
+ * --model_config_file (TF Serving's model_config_list in protobuf text format, or the same structure as
+ * JSON), --batching_parameters_file and --monitoring_config_file (text format). Env MODEL_NAME and
+ * MODEL_BASE_PATH work as in TF Serving's Docker image (used when no model flags are given).
+ */
+#ifndef SRV_CONFIG_H
+#define SRV_CONFIG_H
+
+#include "batcher.h"
+#include "registry.h"
+
+typedef struct srv_options {
+    int grpc_port;                     /* --port, 8500 */
+    int rest_port;                     /* --rest_api_port, 8501 (0 disables REST) */
+    char *rest_host;                   /* --rest_api_host (tensord extension), default 0.0.0.0 */
+    char *model_name;                  /* --model_name, default "default" */
+    char *model_base_path;             /* --model_base_path */
+    char *model_config_file;           /* --model_config_file */
+    double model_config_file_poll_wait_seconds; /* 0: read once */
+    double file_system_poll_wait_seconds;       /* default 1 */
+    int enable_batching;
+    char *batching_parameters_file;
+    char *monitoring_config_file;
+    int64_t rest_api_timeout_in_ms;    /* default 30000 (TF Serving's default) */
+    int allow_version_labels_for_unavailable_models;
+    int rest_api_num_threads;          /* default 4 * cores */
+    int session_threads;               /* --tensorflow_intra_op_parallelism (threads per run), 0 all */
+    int64_t max_body_bytes;            /* --rest_api_max_body_bytes, 64 MiB */
+    int connection_limit;              /* --rest_api_connection_limit, 2048 */
+    int connection_timeout_s;          /* --rest_api_connection_timeout_seconds, 30 */
+    double drain_seconds;              /* --drain_seconds: SIGTERM grace for in-flight requests, 30 */
+} srv_options;
+
+/* Parse `tensord serve` flags (argv[0] is "serve"). Accepts --flag=value and --flag value, booleans as
+ * --flag, --flag=true/false. Unknown flags are an error naming the flag. */
+srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err);
+void srv_options_free(srv_options *o);
+
+/* The models to serve: from --model_config_file, else --model_name/--model_base_path (or the env vars). */
+srv_code srv_config_models(const srv_options *o, srv_model_config **cfgs, int *n, srv_error *err);
+/* Parse a model_config_list file (text format or JSON). */
+srv_code srv_config_load_models(const char *path, srv_model_config **cfgs, int *n, srv_error *err);
+srv_code srv_config_load_batching(const char *path, srv_batch_opts *o, srv_error *err);
+/* prometheus_config { enable: true path: "/monitoring/prometheus/metrics" } */
+srv_code srv_config_load_monitoring(const char *path, int *enable, char **metrics_path, srv_error *err);
+
+#endif

@@ -1,0 +1,130 @@
+/* registry.h - the model registry: models, their versions, version policies, loading, hot swap.
+ *
+ * Life of a version (TF Serving's states): START (seen on disk, aspired) -> LOADING (parse ONNX, plan,
+ * warm up by replaying <version>/assets.extra/warmup.jsonl, a TF Serving REST predict body per line) ->
+ * AVAILABLE (published: requests can acquire it) -> UNLOADING (left the policy: no new acquires; waits for
+ * in-flight references to drop) -> END. A load failure goes START/LOADING -> END with error_code/error_message
+ * kept in status; it never disturbs serving versions (availability-preserving: a newer version is published
+ * BEFORE an older one that left the policy is retired).
+ *
+ * Concurrency: the request path (acquire/release) takes a short per-registry lock and an atomic reference;
+ * loading runs on the poller / loader thread without holding that lock while parsing or planning, so one
+ * model's load never blocks requests to another. srv_version objects are reference counted: a version is
+ * freed only after the registry dropped it AND its last request released it.
+ */
+#ifndef SRV_REGISTRY_H
+#define SRV_REGISTRY_H
+
+#include "batcher.h"
+#include "srv.h"
+
+typedef enum srv_state {
+    SRV_STATE_UNKNOWN = 0,
+    SRV_STATE_START = 10,
+    SRV_STATE_LOADING = 20,
+    SRV_STATE_AVAILABLE = 30,
+    SRV_STATE_UNLOADING = 40,
+    SRV_STATE_END = 50,
+} srv_state;
+const char *srv_state_name(srv_state s); /* "AVAILABLE", ... */
+
+typedef enum srv_policy { SRV_POLICY_LATEST = 0, SRV_POLICY_ALL = 1, SRV_POLICY_SPECIFIC = 2 } srv_policy;
+
+typedef struct srv_model_config {
+    char *name;
+    char *base_path;
+    char *platform;          /* informational ("onnx", "tensorflow" accepted) */
+    srv_policy policy;
+    int latest_n;            /* SRV_POLICY_LATEST: keep the N highest versions (default 1) */
+    int64_t *versions;       /* SRV_POLICY_SPECIFIC */
+    int nversions;
+    char **label_names;      /* version_labels */
+    int64_t *label_versions;
+    int nlabels;
+} srv_model_config;
+void srv_model_config_free(srv_model_config *c); /* frees contents */
+
+/* One input or output of a served signature. */
+typedef struct srv_io {
+    char *name;              /* name clients use (signature alias, default the ONNX name) */
+    char *onnx_name;         /* graph value name */
+    eng_dtype dtype;
+    int ndim;                /* -1: unknown rank */
+    int64_t dims[ENG_MAX_DIMS]; /* -1: unknown (e.g. batch) */
+} srv_io;
+
+typedef struct srv_version srv_version;
+
+/* Read-only view of a published version; valid while a reference is held. */
+typedef struct srv_version_info {
+    const char *model;
+    int64_t version;
+    const char *path;
+    const srv_io *inputs;
+    int ninputs;
+    const srv_io *outputs;
+    int noutputs;
+    const char *const *labels; /* class labels for :classify, from signature.json; NULL if none */
+    int nlabels;
+    size_t weight_bytes;
+    double load_ms;
+} srv_version_info;
+const srv_version_info *srv_version_get_info(const srv_version *v);
+
+/* Run inference on a held version: inputs by client name (all required inputs present, validated against
+ * the signature: dtype and shape errors name the input with expected vs got). out receives the outputs in
+ * signature order. Goes through the version's batcher when batching is on. deadline_us: absolute
+ * srv_now_us() deadline, 0 for none (then DEADLINE_EXCEEDED). */
+srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
+                             srv_error *err);
+
+typedef struct srv_metrics srv_metrics;
+
+typedef struct srv_registry_opts {
+    int session_threads;         /* threads per inference run; <= 0: all cores */
+    const srv_batch_opts *batching; /* NULL: batching off */
+    int allow_labels_for_unavailable; /* --allow_version_labels_for_unavailable_models */
+    srv_metrics *metrics;        /* may be NULL */
+} srv_registry_opts;
+
+typedef struct srv_registry srv_registry;
+
+srv_registry *srv_registry_new(const srv_registry_opts *o);
+/* Stops the poller, retires every version (waiting for in-flight requests), frees; sets *r NULL. */
+void srv_registry_free(srv_registry **r);
+
+/* Replace the served model set: new models are added, removed ones retired, changed policies/labels
+ * applied. Validates names ([A-Za-z0-9_.-]+), duplicate names, labels pointing at versions (a label may only
+ * point at an AVAILABLE version unless allow_labels_for_unavailable). Copies the configs. */
+srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, int n, srv_error *err);
+
+/* Scan every model's base path once and load/unload to match the policies. Blocks until loads finish. */
+void srv_registry_poll(srv_registry *r);
+/* Start a background poller (every poll_seconds; <= 0: scan once now, never again). */
+int srv_registry_start(srv_registry *r, double poll_seconds);
+
+/* Take a reference on a version to serve a request: version > 0 explicit, label non-NULL by label,
+ * otherwise the highest AVAILABLE version. NOT_FOUND names the model/version/label; a version that exists
+ * but is not yet/no longer available is UNAVAILABLE. Never blocks on loading. */
+srv_version *srv_registry_acquire(srv_registry *r, const char *model, int64_t version, const char *label,
+                                  srv_error *err);
+void srv_version_release(srv_version *v);
+
+typedef struct srv_version_status {
+    char *model;
+    int64_t version;
+    srv_state state;
+    srv_code error_code;
+    char *error_message;     /* "" if none */
+} srv_version_status;
+
+/* Status of a model's versions (version > 0 or label: just that one), highest first. model NULL: every
+ * model (for /v2/repository/index). Caller frees with srv_status_free. NOT_FOUND for an unknown model. */
+srv_code srv_registry_status(srv_registry *r, const char *model, int64_t version, const char *label,
+                             srv_version_status **out, int *n, srv_error *err);
+void srv_status_free(srv_version_status *s, int n);
+
+/* 1 when every configured model has at least one AVAILABLE version (health/ready). */
+int srv_registry_ready(srv_registry *r);
+
+#endif

@@ -1,0 +1,33 @@
+/* rest.h - the REST front end on libmicrohttpd: TF Serving's /v1 surface, KServe v2 (/v2), Prometheus
+ * metrics. Limits: body size (413), JSON depth (400), connection limit, per-connection idle timeout,
+ * request deadline (504). Quiesce stops accepting connections; in-flight requests finish.
+ */
+#ifndef SRV_REST_H
+#define SRV_REST_H
+
+#include "metrics.h"
+#include "registry.h"
+
+typedef struct srv_rest_opts {
+    const char *host;          /* bind address, default "0.0.0.0" */
+    int port;                  /* 8501 */
+    int nthreads;              /* HTTP worker threads; <= 0: 4 * cores */
+    size_t max_body_bytes;     /* default 64 MiB */
+    int connection_limit;      /* default 2048 */
+    int connection_timeout_s;  /* idle connection timeout, default 30 */
+    int64_t request_timeout_ms;/* --rest_api_timeout_in_ms; 0: none */
+    int metrics_enabled;       /* Prometheus endpoint on */
+    const char *metrics_path;  /* "/monitoring/prometheus/metrics" (and /metrics always when enabled) */
+} srv_rest_opts;
+
+typedef struct srv_rest srv_rest;
+
+srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics *m, srv_error *err);
+/* Stop accepting new connections (existing ones may finish their requests). */
+void srv_rest_quiesce(srv_rest *r);
+/* Requests being processed right now. */
+int srv_rest_inflight(srv_rest *r);
+/* Stop and free; sets *r NULL. */
+void srv_rest_stop(srv_rest **r);
+
+#endif

@@ -1,0 +1,152 @@
+/* serve.c - `tensord serve`: wires options, registry, poller, REST front end and signals together.
+ *
+ * Startup: parse TF Serving's flags, set up metrics, the registry (with batching if asked), the model set
+ * from --model_config_file or --model_name/--model_base_path (env MODEL_NAME/MODEL_BASE_PATH), start the
+ * file-system poller and the REST server. Health endpoints answer 503 until every configured model has an
+ * AVAILABLE version. Signals are blocked in every thread and taken synchronously here: SIGHUP re-reads the
+ * model config file; SIGTERM/SIGINT stop accepting connections, let in-flight requests finish up to
+ * --drain_seconds, then exit 0 (TF Serving does not drain: #1853).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "config.h"
+#include "metrics.h"
+#include "registry.h"
+#include "rest.h"
+
+static int serve_apply_config(const srv_options *o, srv_registry *reg) {
+    srv_model_config *cfgs = NULL;
+    int n = 0;
+    srv_error err = {0};
+    if (srv_config_models(o, &cfgs, &n, &err) != SRV_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return -1;
+    }
+    int rc = 0;
+    if (srv_registry_set_config(reg, cfgs, n, &err) != SRV_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        rc = -1;
+    }
+    for (int i = 0; i < n; i++) srv_model_config_free(&cfgs[i]);
+    free(cfgs);
+    return rc;
+}
+
+int srv_cmd_serve(int argc, char **argv) {
+    srv_options o;
+    srv_error err = {0};
+    if (srv_options_parse(argc, argv, &o, &err) != SRV_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        srv_options_free(&o);
+        return 2;
+    }
+    /* Block the signals we handle before any thread starts, so all threads inherit the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    srv_batch_opts bopts;
+    int metrics_on = 1;
+    char *metrics_path = NULL;
+    if (o.enable_batching) {
+        srv_batch_opts_default(&bopts);
+        if (o.batching_parameters_file && srv_config_load_batching(o.batching_parameters_file, &bopts, &err) != SRV_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            srv_options_free(&o);
+            return 2;
+        }
+    }
+    if (o.monitoring_config_file &&
+        srv_config_load_monitoring(o.monitoring_config_file, &metrics_on, &metrics_path, &err) != SRV_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        srv_options_free(&o);
+        return 2;
+    }
+    srv_metrics *metrics = srv_metrics_new();
+    srv_registry_opts ro = {.session_threads = o.session_threads,
+                            .batching = o.enable_batching ? &bopts : NULL,
+                            .allow_labels_for_unavailable = o.allow_version_labels_for_unavailable_models,
+                            .metrics = metrics};
+    srv_registry *reg = srv_registry_new(&ro);
+    if (!reg || !metrics || serve_apply_config(&o, reg) != 0) {
+        srv_registry_free(&reg);
+        srv_metrics_free(&metrics);
+        free(metrics_path);
+        srv_options_free(&o);
+        return 1;
+    }
+    srv_registry_start(reg, o.file_system_poll_wait_seconds);
+
+    srv_rest *rest = NULL;
+    if (o.rest_port > 0) {
+        srv_rest_opts rop = {.host = o.rest_host,
+                             .port = o.rest_port,
+                             .nthreads = o.rest_api_num_threads,
+                             .max_body_bytes = (size_t)o.max_body_bytes,
+                             .connection_limit = o.connection_limit,
+                             .connection_timeout_s = o.connection_timeout_s,
+                             .request_timeout_ms = o.rest_api_timeout_in_ms,
+                             .metrics_enabled = metrics_on,
+                             .metrics_path = metrics_path ? metrics_path : "/monitoring/prometheus/metrics"};
+        rest = srv_rest_start(&rop, reg, metrics, &err);
+        if (!rest) {
+            fprintf(stderr, "error: REST server on %s:%d: %s\n", o.rest_host ? o.rest_host : "0.0.0.0", o.rest_port,
+                    err.msg);
+            srv_registry_free(&reg);
+            srv_metrics_free(&metrics);
+            free(metrics_path);
+            srv_options_free(&o);
+            return 1;
+        }
+        fprintf(stderr, "tensord: REST API on %s:%d\n", o.rest_host ? o.rest_host : "0.0.0.0", o.rest_port);
+    }
+    if (o.grpc_port > 0)
+        fprintf(stderr, "tensord: gRPC (--port=%d) is not implemented yet; serving REST only\n", o.grpc_port);
+
+    double cfg_poll = o.model_config_file ? o.model_config_file_poll_wait_seconds : 0;
+    for (;;) {
+        int sig;
+        if (cfg_poll > 0) {
+            struct timespec ts = {(time_t)cfg_poll, (long)((cfg_poll - (double)(time_t)cfg_poll) * 1e9)};
+            sig = sigtimedwait(&sigs, NULL, &ts);
+            if (sig < 0) {
+                if (errno == EAGAIN) serve_apply_config(&o, reg);
+                continue;
+            }
+        } else if (sigwait(&sigs, &sig) != 0) {
+            continue;
+        }
+        if (sig == SIGHUP) {
+            fprintf(stderr, "tensord: SIGHUP: re-reading the model config\n");
+            serve_apply_config(&o, reg);
+            continue;
+        }
+        fprintf(stderr, "tensord: signal %d: draining in-flight requests (up to %.0f s)\n", sig, o.drain_seconds);
+        break;
+    }
+    if (rest) {
+        srv_rest_quiesce(rest);
+        int64_t deadline = srv_now_us() + (int64_t)(o.drain_seconds * 1e6);
+        while (srv_rest_inflight(rest) > 0 && srv_now_us() < deadline) usleep(5000);
+        if (srv_rest_inflight(rest) > 0)
+            fprintf(stderr, "tensord: %d requests still running at the drain deadline\n", srv_rest_inflight(rest));
+        srv_rest_stop(&rest);
+    }
+    srv_registry_free(&reg);
+    srv_metrics_free(&metrics);
+    free(metrics_path);
+    srv_options_free(&o);
+    fprintf(stderr, "tensord: stopped\n");
+    return 0;
+}
