@@ -1,0 +1,332 @@
+/* codec-kserve.c - KServe v2 / Triton inference bodies <-> tensors, with the binary tensor data extension
+ * (see codec.h).
+ *
+ * Request: a JSON header (json_len bytes) optionally followed by the raw bytes of the inputs that carry
+ * parameters.binary_data_size, concatenated in the order the inputs are listed. Every input's declared
+ * shape is checked against the model's (rank, known dims) and its byte size computed with checked
+ * arithmetic BEFORE anything is allocated; the allocation then never exceeds what the request carries
+ * (JSON element count or binary byte count must equal the declared shape exactly). Datatypes must match the
+ * model's, as Triton requires. Reply: outputs in the requested order (all, in signature order, when none
+ * were named), as flat JSON data or, where asked, as binary appended after the JSON header.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "json.h"
+
+static const struct { eng_dtype dt; const char *name; const char *tf; } srv_kserve_types[] = {
+    {ENG_DTYPE_BOOL, "BOOL", "DT_BOOL"},     {ENG_DTYPE_U8, "UINT8", "DT_UINT8"},
+    {ENG_DTYPE_U16, "UINT16", "DT_UINT16"},  {ENG_DTYPE_U32, "UINT32", "DT_UINT32"},
+    {ENG_DTYPE_U64, "UINT64", "DT_UINT64"},  {ENG_DTYPE_I8, "INT8", "DT_INT8"},
+    {ENG_DTYPE_I16, "INT16", "DT_INT16"},    {ENG_DTYPE_I32, "INT32", "DT_INT32"},
+    {ENG_DTYPE_I64, "INT64", "DT_INT64"},    {ENG_DTYPE_F16, "FP16", "DT_HALF"},
+    {ENG_DTYPE_F32, "FP32", "DT_FLOAT"},     {ENG_DTYPE_F64, "FP64", "DT_DOUBLE"},
+    {ENG_DTYPE_BF16, "BF16", "DT_BFLOAT16"}, {ENG_DTYPE_STRING, "BYTES", "DT_STRING"},
+};
+#define SRV_NKTYPES (sizeof srv_kserve_types / sizeof srv_kserve_types[0])
+
+const char *srv_kserve_dtype(eng_dtype dt) {
+    for (size_t i = 0; i < SRV_NKTYPES; i++)
+        if (srv_kserve_types[i].dt == dt) return srv_kserve_types[i].name;
+    return "INVALID";
+}
+
+eng_dtype srv_kserve_dtype_parse(const char *s) {
+    if (!s) return ENG_DTYPE_UNDEFINED;
+    for (size_t i = 0; i < SRV_NKTYPES; i++)
+        if (strcmp(srv_kserve_types[i].name, s) == 0) return srv_kserve_types[i].dt;
+    return ENG_DTYPE_UNDEFINED;
+}
+
+const char *srv_tf_dtype(eng_dtype dt) {
+    for (size_t i = 0; i < SRV_NKTYPES; i++)
+        if (srv_kserve_types[i].dt == dt) return srv_kserve_types[i].tf;
+    return "DT_INVALID";
+}
+
+void srv_kserve_req_free(srv_kserve_req *r) {
+    if (!r) return;
+    free(r->id);
+    for (int i = 0; i < r->noutputs; i++) free(r->outputs[i]);
+    free(r->outputs);
+    free(r->output_binary);
+    memset(r, 0, sizeof *r);
+}
+
+/* Leaves of a (possibly nested) data list; -1 (err set) on an object or too many. */
+static int64_t srv_kserve_count(const cJSON *v, int depth, const char *name, srv_error *err) {
+    if (!cJSON_IsArray(v)) {
+        if (cJSON_IsObject(v)) {
+            srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': 'data' holds an object", name);
+            return -1;
+        }
+        return 1;
+    }
+    if (depth > SRV_JSON_MAX_DEPTH) {
+        srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': 'data' nests too deep", name);
+        return -1;
+    }
+    int64_t n = 0;
+    for (const cJSON *c = v->child; c; c = c->next) {
+        int64_t k = srv_kserve_count(c, depth + 1, name, err);
+        if (k < 0) return -1;
+        n += k;
+    }
+    return n;
+}
+
+static srv_code srv_kserve_fill(const cJSON *v, int depth, eng_dtype dt, void *dst, int64_t *idx, int64_t cap,
+                                const char *name, srv_error *err) {
+    if (!cJSON_IsArray(v)) {
+        if (*idx >= cap) return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': too many values", name);
+        srv_code rc = srv_json_store(v, dt, dst, *idx, name, err);
+        (*idx)++;
+        return rc;
+    }
+    if (depth > SRV_JSON_MAX_DEPTH) return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': 'data' nests too deep", name);
+    for (const cJSON *c = v->child; c; c = c->next) {
+        srv_code rc = srv_kserve_fill(c, depth + 1, dt, dst, idx, cap, name, err);
+        if (rc != SRV_OK) return rc;
+    }
+    return SRV_OK;
+}
+
+/* Integral JSON number in [0, 2^62]; -1 otherwise. */
+static int64_t srv_kserve_uint(const cJSON *v) {
+    if (!cJSON_IsNumber(v)) return -1;
+    double d = v->valuedouble;
+    if (!(d >= 0) || d > 4611686018427387904.0 || d != floor(d)) return -1;
+    return (int64_t)d;
+}
+
+/* One entry of "inputs". *cursor walks the binary section. */
+static srv_code srv_kserve_input(const cJSON *e, const char *body, size_t len, size_t *cursor,
+                                 const srv_version_info *info, char *seen, srv_tensors *in, srv_error *err) {
+    char sa[160], sb[160];
+    const char *model = info->model ? info->model : "";
+    if (!cJSON_IsObject(e)) return srv_err(err, SRV_INVALID_ARGUMENT, "each entry of 'inputs' must be an object");
+    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(e, "name");
+    const cJSON *jt = cJSON_GetObjectItemCaseSensitive(e, "datatype");
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(e, "parameters");
+    const cJSON *jd = cJSON_GetObjectItemCaseSensitive(e, "data");
+    if (!cJSON_IsString(jn)) return srv_err(err, SRV_INVALID_ARGUMENT, "an input has no 'name'");
+    const char *name = jn->valuestring;
+    int k = -1;
+    for (int i = 0; i < info->ninputs && k < 0; i++)
+        if (strcmp(info->inputs[i].name, name) == 0) k = i;
+    if (k < 0)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "unexpected inference input '%.200s' for model '%s'", name, model);
+    if (seen[k]) return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s' is given twice", name);
+    seen[k] = 1;
+    const srv_io *io = &info->inputs[k];
+    if (!cJSON_IsString(jt)) return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s' has no 'datatype'", name);
+    eng_dtype dt = srv_kserve_dtype_parse(jt->valuestring);
+    if (dt != io->dtype)
+        return srv_err(err, SRV_INVALID_ARGUMENT,
+                       "unexpected datatype '%.32s' for inference input '%s', expecting %s for model '%s'",
+                       jt->valuestring, name, srv_kserve_dtype(io->dtype), model);
+    if (eng_dtype_size(dt) == 0)
+        return srv_err(err, SRV_UNIMPLEMENTED, "input '%s': datatype %s is not supported", name, jt->valuestring);
+    if (!cJSON_IsArray(js)) return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s' has no 'shape' list", name);
+    eng_tensor t = {.dtype = dt};
+    for (const cJSON *c = js->child; c; c = c->next) {
+        if (t.ndim >= ENG_MAX_DIMS)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': shape has more than %d dims", name, ENG_MAX_DIMS);
+        int64_t d = srv_kserve_uint(c);
+        if (d < 0)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': shape entries must be non-negative integers", name);
+        t.dims[t.ndim++] = d;
+    }
+    int ok = io->ndim < 0 || io->ndim == t.ndim;
+    for (int i = 0; ok && io->ndim >= 0 && i < t.ndim; i++)
+        if (io->dims[i] >= 0 && io->dims[i] != t.dims[i]) ok = 0;
+    if (!ok)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "unexpected shape for input '%s' for model '%s'. Expected %s, got %s",
+                       name, model, eng_shape_str(io->dims, io->ndim < 0 ? 0 : io->ndim, sa, sizeof sa),
+                       eng_shape_str(t.dims, t.ndim, sb, sizeof sb));
+    size_t nbytes;
+    if (eng_tensor_nbytes_checked(&t, name, &nbytes) != ENG_STATUS_OK)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "%s", eng_last_error());
+    int64_t numel = eng_tensor_numel(&t);
+    const cJSON *jb = cJSON_IsObject(jp) ? cJSON_GetObjectItemCaseSensitive(jp, "binary_data_size") : NULL;
+    if (jb) {
+        int64_t bsz = srv_kserve_uint(jb);
+        if (jd) return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s' has both 'data' and binary_data_size", name);
+        if (bsz < 0) return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': bad binary_data_size", name);
+        if ((uint64_t)bsz != nbytes)
+            return srv_err(err, SRV_INVALID_ARGUMENT,
+                           "input '%s': binary_data_size %lld does not match shape %s of %s (%zu bytes)", name,
+                           (long long)bsz, eng_shape_str(t.dims, t.ndim, sb, sizeof sb), jt->valuestring, nbytes);
+        if (*cursor > len || nbytes > len - *cursor)
+            return srv_err(err, SRV_INVALID_ARGUMENT,
+                           "input '%s': binary data of %zu bytes runs past the end of the body (%zu bytes left)", name,
+                           nbytes, *cursor <= len ? len - *cursor : 0);
+        t.data = eng_alloc(nbytes ? nbytes : 1);
+        if (!t.data) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "input '%s': out of memory", name);
+        if (nbytes) memcpy(t.data, body + *cursor, nbytes);
+        *cursor += nbytes;
+    } else {
+        if (!jd) return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s' has neither 'data' nor binary_data_size", name);
+        int64_t cnt = srv_kserve_count(jd, 0, name, err);
+        if (cnt < 0) return SRV_INVALID_ARGUMENT;
+        if (!cJSON_IsArray(jd) && t.ndim > 0) cnt = -2; /* a bare value only for rank 0 */
+        if (cnt != numel)
+            return srv_err(err, SRV_INVALID_ARGUMENT,
+                           "input '%s': 'data' has %lld values but shape %s needs %lld", name,
+                           (long long)(cnt < 0 ? 1 : cnt), eng_shape_str(t.dims, t.ndim, sb, sizeof sb),
+                           (long long)numel);
+        t.data = eng_alloc(nbytes ? nbytes : 1);
+        if (!t.data) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "input '%s': out of memory", name);
+        int64_t idx = 0;
+        srv_code rc = srv_kserve_fill(jd, 0, dt, t.data, &idx, numel, name, err);
+        if (rc != SRV_OK) {
+            eng_free(t.data);
+            return rc;
+        }
+    }
+    if (srv_tensors_add(in, name, &t) != 0) /* frees t.data */
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    return SRV_OK;
+}
+
+static srv_code srv_kserve_outputs(const cJSON *jo, const srv_version_info *info, srv_kserve_req *req,
+                                   srv_error *err) {
+    if (!jo || cJSON_IsNull(jo)) return SRV_OK;
+    if (!cJSON_IsArray(jo)) return srv_err(err, SRV_INVALID_ARGUMENT, "'outputs' must be a list");
+    int n = cJSON_GetArraySize(jo);
+    if (n == 0) return SRV_OK;
+    if (n > 4096) return srv_err(err, SRV_INVALID_ARGUMENT, "too many requested outputs");
+    req->outputs = calloc((size_t)n, sizeof *req->outputs);
+    req->output_binary = calloc((size_t)n, sizeof *req->output_binary);
+    if (!req->outputs || !req->output_binary) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    for (const cJSON *e = jo->child; e; e = e->next) {
+        const cJSON *jn = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "name") : NULL;
+        if (!cJSON_IsString(jn)) return srv_err(err, SRV_INVALID_ARGUMENT, "a requested output has no 'name'");
+        int k = -1;
+        for (int i = 0; i < info->noutputs && k < 0; i++)
+            if (strcmp(info->outputs[i].name, jn->valuestring) == 0) k = i;
+        if (k < 0)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "unexpected inference output '%.200s' for model '%s'",
+                           jn->valuestring, info->model ? info->model : "");
+        for (int i = 0; i < req->noutputs; i++)
+            if (strcmp(req->outputs[i], jn->valuestring) == 0)
+                return srv_err(err, SRV_INVALID_ARGUMENT, "output '%s' is requested twice", jn->valuestring);
+        const cJSON *jp = cJSON_GetObjectItemCaseSensitive(e, "parameters");
+        const cJSON *jb = cJSON_IsObject(jp) ? cJSON_GetObjectItemCaseSensitive(jp, "binary_data") : NULL;
+        if (!(req->outputs[req->noutputs] = strdup(jn->valuestring)))
+            return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+        req->output_binary[req->noutputs++] = cJSON_IsTrue(jb);
+    }
+    return SRV_OK;
+}
+
+srv_code srv_kserve_decode_infer(const char *body, size_t len, size_t json_len, const srv_version_info *info,
+                                 srv_tensors *in, srv_kserve_req *req, srv_error *err) {
+    memset(req, 0, sizeof *req);
+    if (json_len > len)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "Inference-Header-Content-Length %zu exceeds the body (%zu bytes)",
+                       json_len, len);
+    cJSON *root = srv_json_parse(body, json_len, err);
+    if (!root) return SRV_INVALID_ARGUMENT;
+    srv_code rc = SRV_OK;
+    char *seen = NULL;
+    const cJSON *ji = cJSON_GetObjectItemCaseSensitive(root, "inputs");
+    const cJSON *jid = cJSON_GetObjectItemCaseSensitive(root, "id");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(root, "parameters");
+    if (!cJSON_IsObject(root)) rc = srv_err(err, SRV_INVALID_ARGUMENT, "request body must be a JSON object");
+    else if (!cJSON_IsArray(ji) || !ji->child) rc = srv_err(err, SRV_INVALID_ARGUMENT, "'inputs' must be a non-empty list");
+    else if (jid && !cJSON_IsNull(jid) && !cJSON_IsString(jid)) rc = srv_err(err, SRV_INVALID_ARGUMENT, "'id' must be a string");
+    else if (!(seen = calloc((size_t)info->ninputs + 1, 1))) rc = srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    if (rc == SRV_OK && cJSON_IsString(jid) && !(req->id = strdup(jid->valuestring)))
+        rc = srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    if (rc == SRV_OK && cJSON_IsObject(jp))
+        req->binary_output_all = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(jp, "binary_data_output"));
+    size_t cursor = json_len;
+    int given = 0;
+    for (const cJSON *e = rc == SRV_OK ? ji->child : NULL; e && rc == SRV_OK; e = e->next, given++)
+        rc = srv_kserve_input(e, body, len, &cursor, info, seen, in, err);
+    if (rc == SRV_OK && given != info->ninputs)
+        for (int i = 0; i < info->ninputs; i++)
+            if (!seen[i]) {
+                rc = srv_err(err, SRV_INVALID_ARGUMENT, "expected %d inputs but got %d inputs for model '%s': missing '%s'",
+                             info->ninputs, given, info->model ? info->model : "", info->inputs[i].name);
+                break;
+            }
+    if (rc == SRV_OK && cursor != len)
+        rc = srv_err(err, SRV_INVALID_ARGUMENT, "unexpected additional input data: %zu bytes after the last input",
+                     len - cursor);
+    if (rc == SRV_OK) rc = srv_kserve_outputs(cJSON_GetObjectItemCaseSensitive(root, "outputs"), info, req, err);
+    free(seen);
+    cJSON_Delete(root);
+    if (rc != SRV_OK) {
+        srv_tensors_free(in);
+        srv_kserve_req_free(req);
+    }
+    return rc;
+}
+
+char *srv_kserve_encode_infer(const srv_version_info *info, const srv_tensors *out, const srv_kserve_req *req,
+                              size_t *len, size_t *json_len, srv_error *err) {
+    int nsel = req && req->noutputs > 0 ? req->noutputs : out->n;
+    int *sel = calloc((size_t)nsel + 1, sizeof *sel), *bin = calloc((size_t)nsel + 1, sizeof *bin);
+    srv_buf b = {0};
+    char *res = NULL;
+    if (!sel || !bin) {
+        srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < nsel; i++) {
+        sel[i] = req && req->noutputs > 0 ? srv_tensors_find(out, req->outputs[i]) : i;
+        if (sel[i] < 0) {
+            srv_err(err, SRV_INVALID_ARGUMENT, "unexpected inference output '%s'", req->outputs[i]);
+            goto done;
+        }
+        bin[i] = (req && req->binary_output_all) || (req && req->noutputs > 0 && req->output_binary[i]);
+        if (bin[i] && eng_dtype_size(out->t[sel[i]].dtype) == 0) bin[i] = 0;
+    }
+    srv_buf_puts(&b, "{");
+    if (req && req->id) {
+        srv_buf_puts(&b, "\"id\":");
+        srv_buf_json_str(&b, req->id);
+        srv_buf_puts(&b, ",");
+    }
+    srv_buf_puts(&b, "\"model_name\":");
+    srv_buf_json_str(&b, info && info->model ? info->model : "");
+    srv_buf_printf(&b, ",\"model_version\":\"%lld\",\"outputs\":[", (long long)(info ? info->version : 0));
+    for (int i = 0; i < nsel && !b.oom; i++) {
+        const eng_tensor *t = &out->t[sel[i]];
+        if (i) srv_buf_puts(&b, ",");
+        srv_buf_puts(&b, "{\"name\":");
+        srv_buf_json_str(&b, out->names[sel[i]]);
+        srv_buf_printf(&b, ",\"datatype\":\"%s\",\"shape\":[", srv_kserve_dtype(t->dtype));
+        for (int d = 0; d < t->ndim; d++) srv_buf_printf(&b, d ? ",%lld" : "%lld", (long long)t->dims[d]);
+        srv_buf_puts(&b, "]");
+        if (bin[i]) {
+            srv_buf_printf(&b, ",\"parameters\":{\"binary_data_size\":%zu}}", eng_tensor_nbytes(t));
+            continue;
+        }
+        srv_buf_puts(&b, ",\"data\":[");
+        int64_t n = eng_tensor_numel(t);
+        for (int64_t k = 0; k < n && !b.oom; k++) {
+            if (k) srv_buf_puts(&b, ",");
+            srv_buf_json_elem(&b, t, k);
+        }
+        srv_buf_puts(&b, "]}");
+    }
+    srv_buf_puts(&b, "]}");
+    size_t hl = b.len;
+    for (int i = 0; i < nsel && !b.oom; i++)
+        if (bin[i]) srv_buf_put(&b, out->t[sel[i]].data, eng_tensor_nbytes(&out->t[sel[i]]));
+    res = srv_buf_take(&b, len);
+    if (!res) srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory encoding the reply");
+    else if (json_len) *json_len = hl;
+done:
+    srv_buf_free(&b);
+    free(sel);
+    free(bin);
+    return res;
+}

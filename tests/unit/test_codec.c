@@ -1,0 +1,537 @@
+/* test_codec.c - unit tests of the REST codecs and metrics (server/json.c, codec-tfs.c, codec-kserve.c,
+ * metrics.c): TF Serving row/columnar/b64 decoding and reply encoding, classify/regress, KServe v2 JSON and
+ * binary bodies, hostile inputs (malformed JSON, 10,000 nesting levels, ragged lists, wrong names and
+ * dtypes, absurd declared shapes), and Prometheus rendering.
+ *
+ * The unit-test link has only libtensord.a (the engine), so the server sources under test are included here.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/codec-kserve.c"
+#include "server/codec-tfs.c"
+#include "server/json.c"
+#include "server/metrics.c"
+#include "server/srv.c"
+
+/* ---- fixtures ---- */
+
+static srv_io io_mk(const char *name, eng_dtype dt, int ndim, int64_t d0, int64_t d1) {
+    srv_io io = {.name = (char *)name, .onnx_name = (char *)name, .dtype = dt, .ndim = ndim};
+    io.dims[0] = d0;
+    io.dims[1] = d1;
+    return io;
+}
+
+static srv_io g_in1[1], g_out1[1], g_in2[2], g_out2[2];
+static srv_version_info info1(eng_dtype dt) { /* x: [-1, 3] -> y: [-1, 2] */
+    g_in1[0] = io_mk("x", dt, 2, -1, 3);
+    g_out1[0] = io_mk("y", ENG_DTYPE_F32, 2, -1, 2);
+    srv_version_info i = {.model = "m", .version = 7, .inputs = g_in1, .ninputs = 1, .outputs = g_out1, .noutputs = 1};
+    return i;
+}
+static srv_version_info info2(void) { /* a: f32 [-1, 2], b: i64 [-1] -> p: f32 [-1], q: i32 [-1, 2] */
+    g_in2[0] = io_mk("a", ENG_DTYPE_F32, 2, -1, 2);
+    g_in2[1] = io_mk("b", ENG_DTYPE_I64, 1, -1, 0);
+    g_out2[0] = io_mk("p", ENG_DTYPE_F32, 1, -1, 0);
+    g_out2[1] = io_mk("q", ENG_DTYPE_I32, 2, -1, 2);
+    srv_version_info i = {.model = "m2", .version = 1, .inputs = g_in2, .ninputs = 2, .outputs = g_out2, .noutputs = 2};
+    return i;
+}
+
+static srv_code tfs(const char *body, const srv_version_info *info, srv_tensors *in, srv_tfs_format *fmt,
+                    srv_error *err) {
+    memset(in, 0, sizeof *in);
+    memset(err, 0, sizeof *err);
+    return srv_tfs_decode_predict(body, strlen(body), info, in, fmt, err);
+}
+
+static void expect_bad(const char *body, const srv_version_info *info, const char *needle) {
+    srv_tensors in;
+    srv_error err;
+    srv_code c = tfs(body, info, &in, NULL, &err);
+    cr_expect_neq(c, SRV_OK, "accepted: %s", body);
+    cr_expect_eq(in.n, 0, "tensors left behind on error");
+    if (needle) cr_expect(strstr(err.msg, needle) != NULL, "error '%s' lacks '%s' (body %.80s)", err.msg, needle, body);
+    srv_tensors_free(&in);
+}
+
+static void add_f32(srv_tensors *s, const char *name, int ndim, const int64_t *dims, const float *v) {
+    eng_tensor t = {.dtype = ENG_DTYPE_F32, .ndim = ndim};
+    memcpy(t.dims, dims, sizeof(int64_t) * (size_t)ndim);
+    size_t nb = eng_tensor_nbytes(&t);
+    t.data = eng_alloc(nb ? nb : 1);
+    memcpy(t.data, v, nb);
+    cr_assert_eq(srv_tensors_add(s, name, &t), 0);
+}
+
+/* ---- json.c ---- */
+
+Test(json, depth_check) {
+    size_t n = 10000;
+    char *deep = malloc(2 * n + 1);
+    memset(deep, '[', n);
+    memset(deep + n, ']', n);
+    deep[2 * n] = 0;
+    cr_expect_not(srv_json_depth_ok(deep, 2 * n, SRV_JSON_MAX_DEPTH));
+    cr_expect(srv_json_depth_ok(deep + n - 64, 128, 64));
+    cr_expect_not(srv_json_depth_ok(deep + n - 65, 130, 64));
+    const char *s = "{\"a\":\"[[[[\\\"{{{{\",\"b\":[1]}";
+    cr_expect(srv_json_depth_ok(s, strlen(s), 2));
+    cr_expect_not(srv_json_depth_ok(s, strlen(s), 1));
+    /* the same nesting through the decoder: refused, not parsed */
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    char *body = malloc(2 * n + 64);
+    sprintf(body, "{\"instances\":%s}", deep);
+    expect_bad(body, &info, "deeper");
+    free(body);
+    free(deep);
+}
+
+Test(json, base64) {
+    const char *msg = "any carnal pleasure.";
+    for (size_t n = 0; n <= strlen(msg); n++) {
+        size_t el = 0, dl = 0;
+        char *e = srv_b64_encode(msg, n, &el);
+        cr_assert(e);
+        uint8_t out[64];
+        cr_expect_eq(srv_b64_decoded_len(e, el), (int64_t)n);
+        cr_expect_eq(srv_b64_decode(e, el, out, sizeof out, &dl), 0);
+        cr_expect_eq(dl, n);
+        cr_expect(memcmp(out, msg, n) == 0);
+        if (n >= 3) cr_expect_neq(srv_b64_decode(e, el, out, n - 1, &dl), 0, "cap not enforced");
+        free(e);
+    }
+    uint8_t out[16];
+    cr_expect_eq(srv_b64_decode("YW55", 4, out, 16, NULL), 0);
+    cr_expect_eq(srv_b64_decode("YW5", 3, out, 16, NULL), 0); /* unpadded is accepted */
+    cr_expect_neq(srv_b64_decode("Y", 1, out, 16, NULL), 0);
+    cr_expect_neq(srv_b64_decode("YW5=x", 5, out, 16, NULL), 0);
+    cr_expect_neq(srv_b64_decode("YW!5", 4, out, 16, NULL), 0);
+    cr_expect_neq(srv_b64_decode("Y===", 4, out, 16, NULL), 0);
+    cr_expect_neq(srv_b64_decode("YW=5", 4, out, 16, NULL), 0);
+    cr_expect_neq(srv_b64_decode("YW5=", 5, out, 16, NULL), 0);
+}
+
+Test(json, floats_round_trip) {
+    float f[] = {0.1f, 1.0f / 3, 16777216.0f, -0.0f, 1e-45f, 3.4028235e38f, NAN, INFINITY, -INFINITY};
+    eng_tensor t = {.dtype = ENG_DTYPE_F32, .ndim = 1, .dims = {9}, .data = f};
+    srv_buf b = {0};
+    srv_buf_json_nested(&b, &t, 0, t.dims, 1);
+    char *s = srv_buf_take(&b, NULL);
+    cr_expect_str_eq(s, "[0.1,0.33333334,16777216,-0,1.4013e-45,3.4028235e+38,NaN,Infinity,-Infinity]");
+    free(s);
+    double d[] = {0.1, 1.0 / 3};
+    eng_tensor td = {.dtype = ENG_DTYPE_F64, .ndim = 1, .dims = {2}, .data = d};
+    srv_buf_json_nested(&b, &td, 0, td.dims, 1);
+    s = srv_buf_take(&b, NULL);
+    cr_expect_str_eq(s, "[0.1,0.3333333333333333]");
+    free(s);
+    srv_buf_json_str(&b, "a\"b\\c\n\x01");
+    s = srv_buf_take(&b, NULL);
+    cr_expect_str_eq(s, "\"a\\\"b\\\\c\\n\\u0001\"");
+    free(s);
+}
+
+/* ---- TF Serving predict ---- */
+
+Test(tfs, row_single_input) {
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    srv_tensors in;
+    srv_error err;
+    srv_tfs_format fmt = SRV_TFS_COLUMNAR;
+    cr_assert_eq(tfs("{\"instances\": [[1, 2, 3], [4, 5.5, -6e2]]}", &info, &in, &fmt, &err), SRV_OK, "%s", err.msg);
+    cr_expect_eq(fmt, SRV_TFS_ROW);
+    cr_assert_eq(in.n, 1);
+    cr_expect_str_eq(in.names[0], "x");
+    cr_expect_eq(in.t[0].ndim, 2);
+    cr_expect_eq(in.t[0].dims[0], 2);
+    cr_expect_eq(in.t[0].dims[1], 3);
+    float *v = in.t[0].data;
+    cr_expect(v[0] == 1 && v[4] == 5.5f && v[5] == -600.0f);
+    srv_tensors_free(&in);
+}
+
+Test(tfs, row_named_multi_input) {
+    srv_version_info info = info2();
+    srv_tensors in;
+    srv_error err;
+    cr_assert_eq(tfs("{\"signature_name\":\"serving_default\",\"instances\":[{\"a\":[1,2],\"b\":3},{\"b\":-4,\"a\":[5,6]}]}",
+                     &info, &in, NULL, &err), SRV_OK, "%s", err.msg);
+    cr_assert_eq(in.n, 2);
+    int a = srv_tensors_find(&in, "a"), b = srv_tensors_find(&in, "b");
+    cr_assert(a >= 0 && b >= 0);
+    cr_expect_eq(in.t[a].dims[0], 2);
+    cr_expect_eq(in.t[a].dims[1], 2);
+    cr_expect_eq(in.t[b].ndim, 1);
+    cr_expect_eq(((int64_t *)in.t[b].data)[1], -4);
+    cr_expect_eq(((float *)in.t[a].data)[3], 6.0f);
+    srv_tensors_free(&in);
+}
+
+Test(tfs, columnar) {
+    srv_version_info info = info2();
+    srv_tensors in;
+    srv_error err;
+    srv_tfs_format fmt = SRV_TFS_ROW;
+    cr_assert_eq(tfs("{\"inputs\":{\"a\":[[1,2],[3,4],[5,6]],\"b\":[7]}}", &info, &in, &fmt, &err), SRV_OK, "%s", err.msg);
+    cr_expect_eq(fmt, SRV_TFS_COLUMNAR);
+    int b = srv_tensors_find(&in, "b");
+    cr_expect_eq(in.t[b].dims[0], 1);
+    srv_tensors_free(&in);
+    srv_version_info i1 = info1(ENG_DTYPE_I32);
+    cr_assert_eq(tfs("{\"inputs\":[[1,2,3]]}", &i1, &in, &fmt, &err), SRV_OK, "%s", err.msg);
+    cr_expect_eq(((int32_t *)in.t[0].data)[2], 3);
+    srv_tensors_free(&in);
+}
+
+Test(tfs, b64_tensors) {
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    float v[3] = {1.5f, -2, 3};
+    size_t el;
+    char *e = srv_b64_encode(v, sizeof v, &el);
+    char body[256];
+    snprintf(body, sizeof body, "{\"instances\":[{\"b64\":\"%s\"},[4,5,6]]}", e);
+    srv_tensors in;
+    srv_error err;
+    cr_assert_eq(tfs(body, &info, &in, NULL, &err), SRV_OK, "%s", err.msg);
+    float *d = in.t[0].data;
+    cr_expect(d[0] == 1.5f && d[1] == -2 && d[2] == 3 && d[5] == 6);
+    srv_tensors_free(&in);
+    /* b64 per element row too, and in columnar form with the batch dim inferred from the byte count */
+    snprintf(body, sizeof body, "{\"inputs\":{\"b64\":\"%s\"}}", e);
+    cr_assert_eq(tfs(body, &info, &in, NULL, &err), SRV_OK, "%s", err.msg);
+    cr_expect_eq(in.t[0].dims[0], 1);
+    srv_tensors_free(&in);
+    free(e);
+    e = srv_b64_encode(v, 8, &el); /* 2 floats where 3 are needed */
+    snprintf(body, sizeof body, "{\"instances\":[{\"b64\":\"%s\"}]}", e);
+    expect_bad(body, &info, "b64");
+    free(e);
+    expect_bad("{\"instances\":[{\"b64\":\"!!!!!!!!!!!!!!!!\"}]}", &info, "base64");
+    expect_bad("{\"instances\":[{\"b64\":12}]}", &info, "b64");
+}
+
+Test(tfs, bad_bodies) {
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    expect_bad("", &info, "empty");
+    expect_bad("{\"instances\": [[1,2,3]", &info, "malformed");
+    expect_bad("{\"instances\": [[1,2,3]]} x", &info, "trailing");
+    expect_bad("[1,2,3]", &info, "object");
+    expect_bad("{}", &info, "missing");
+    expect_bad("{\"instances\":[[1,2,3]],\"inputs\":[[1,2,3]]}", &info, "both");
+    expect_bad("{\"instances\":[]}", &info, "empty");
+    expect_bad("{\"instances\":[[1,2,3],[4,5]]}", &info, "ragged");
+    expect_bad("{\"instances\":[[1,2,3],[4,5,[6]]]}", &info, "ragged");
+    expect_bad("{\"instances\":[[1,2,3],4]}", &info, "ragged");
+    expect_bad("{\"instances\":[[1,2]]}", &info, "expected shape");
+    expect_bad("{\"instances\":[[[1,2,3]]]}", &info, "expected shape");
+    expect_bad("{\"instances\":[[1,\"2\",3]]}", &info, "expected a number");
+    expect_bad("{\"instances\":[[1,null,3]]}", &info, "null");
+    expect_bad("{\"instances\":[[1,true,3]]}", &info, "bool");
+    expect_bad("{\"instances\":[[1,1e39,3]]}", &info, "out of range");
+    expect_bad("{\"instances\":[{\"z\":[1,2,3]}]}", &info, "unknown input 'z'");
+    expect_bad("{\"signature_name\":\"other\",\"instances\":[[1,2,3]]}", &info, "other");
+    expect_bad("{\"instances\":[[[[[[[[[[1]]]]]]]]]]}", &info, "deeper than 8");
+    srv_version_info i2 = info2();
+    expect_bad("{\"instances\":[[1,2]]}", &i2, "2 inputs");
+    expect_bad("{\"instances\":[{\"a\":[1,2]}]}", &i2, "missing input 'b'");
+    expect_bad("{\"instances\":[{\"a\":[1,2],\"b\":1},{\"a\":[1,2]}]}", &i2, "instance 1");
+    expect_bad("{\"instances\":[{\"a\":[1,2],\"b\":1.5}]}", &i2, "integer");
+    expect_bad("{\"inputs\":{\"a\":[[1,2]]}}", &i2, "missing input 'b'");
+    expect_bad("{\"instances\":[{\"a\":[1,2],\"b\":1,\"b\":2}]}", &i2, "twice");
+    srv_version_info u8 = info1(ENG_DTYPE_U8);
+    expect_bad("{\"instances\":[[1,2,256]]}", &u8, "out of range");
+    expect_bad("{\"instances\":[[1,2,-1]]}", &u8, "element 2");
+    srv_version_info bl = info1(ENG_DTYPE_BOOL);
+    expect_bad("{\"instances\":[[1,0,1]]}", &bl, "true/false");
+    srv_tensors in;
+    srv_error err;
+    cr_expect_eq(tfs("{\"instances\":[[true,false,true]]}", &bl, &in, NULL, &err), SRV_OK, "%s", err.msg);
+    srv_tensors_free(&in);
+}
+
+Test(tfs, encode_predict) {
+    srv_version_info info = info2();
+    srv_tensors out = {0};
+    int64_t d1[] = {2}, d2[] = {2, 2};
+    float p[] = {0.5f, -1};
+    add_f32(&out, "p", 1, d1, p);
+    eng_tensor q = {.dtype = ENG_DTYPE_I32, .ndim = 2, .dims = {2, 2}};
+    q.data = eng_alloc(16);
+    int32_t qv[] = {1, 2, 3, 4};
+    memcpy(q.data, qv, 16);
+    srv_tensors_add(&out, "q", &q);
+    srv_error err = {0};
+    size_t len;
+    char *s = srv_tfs_encode_predict(&info, &out, SRV_TFS_ROW, &len, &err);
+    cr_assert(s, "%s", err.msg);
+    cr_expect_str_eq(s, "{\"predictions\":[{\"p\":0.5,\"q\":[1,2]},{\"p\":-1,\"q\":[3,4]}]}");
+    cr_expect_eq(len, strlen(s));
+    free(s);
+    s = srv_tfs_encode_predict(&info, &out, SRV_TFS_COLUMNAR, &len, &err);
+    cr_expect_str_eq(s, "{\"outputs\":{\"p\":[0.5,-1],\"q\":[[1,2],[3,4]]}}");
+    free(s);
+    srv_tensors_free(&out);
+    float y[] = {1, 2, 3, 4};
+    add_f32(&out, "y", 2, d2, y);
+    s = srv_tfs_encode_predict(&info, &out, SRV_TFS_ROW, &len, &err);
+    cr_expect_str_eq(s, "{\"predictions\":[[1,2],[3,4]]}");
+    free(s);
+    s = srv_tfs_encode_predict(&info, &out, SRV_TFS_COLUMNAR, &len, &err);
+    cr_expect_str_eq(s, "{\"outputs\":[[1,2],[3,4]]}");
+    free(s);
+    /* inconsistent batch sizes cannot be split into rows */
+    add_f32(&out, "z", 1, (int64_t[]){3}, y);
+    cr_expect_null(srv_tfs_encode_predict(&info, &out, SRV_TFS_ROW, &len, &err));
+    cr_expect(strstr(err.msg, "batch") != NULL);
+    srv_tensors_free(&out);
+}
+
+Test(tfs, round_trip) {
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    const char *body = "{\"instances\":[[0.1,0.2,0.30000001],[1e-07,-3.5,1e+20]]}";
+    srv_tensors in;
+    srv_error err;
+    cr_assert_eq(tfs(body, &info, &in, NULL, &err), SRV_OK, "%s", err.msg);
+    size_t len;
+    char *s = srv_tfs_encode_predict(&info, &in, SRV_TFS_ROW, &len, &err);
+    cr_expect_str_eq(s, "{\"predictions\":[[0.1,0.2,0.3],[1e-07,-3.5,1e+20]]}");
+    srv_tensors in2;
+    char *again = malloc(len + 32);
+    sprintf(again, "{\"instances\":%s}", strchr(s, '['));
+    again[strlen(again) - 1] = '\0'; /* drop the extra closing brace of the reply */
+    cr_assert_eq(tfs(again, &info, &in2, NULL, &err), SRV_OK, "%s: %s", err.msg, again);
+    cr_expect(memcmp(in.t[0].data, in2.t[0].data, 24) == 0, "values changed in a round trip");
+    free(again);
+    free(s);
+    srv_tensors_free(&in);
+    srv_tensors_free(&in2);
+}
+
+Test(tfs, classify_regress) {
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    srv_tensors in = {0};
+    srv_error err = {0};
+    const char *b1 = "{\"examples\":[{\"x\":[1,2,3]},{\"x\":[4,5,6]}]}";
+    cr_assert_eq(srv_tfs_decode_examples(b1, strlen(b1), &info, &in, &err), SRV_OK, "%s", err.msg);
+    cr_expect_eq(in.t[0].dims[0], 2);
+    cr_expect_eq(((float *)in.t[0].data)[5], 6.0f);
+    srv_tensors_free(&in);
+    const char *b2 = "{\"context\":{\"feat\":[1,2,3]},\"examples\":[{},{}]}"; /* the only feature, from context */
+    cr_assert_eq(srv_tfs_decode_examples(b2, strlen(b2), &info, &in, &err), SRV_OK, "%s", err.msg);
+    cr_expect_eq(in.t[0].dims[0], 2);
+    srv_tensors_free(&in);
+    const char *b3 = "{\"examples\":[{\"x\":[1,2]}]}";
+    cr_expect_neq(srv_tfs_decode_examples(b3, strlen(b3), &info, &in, &err), SRV_OK);
+    const char *b4 = "{\"examples\":[{\"a\":1,\"b\":2}]}";
+    cr_expect_neq(srv_tfs_decode_examples(b4, strlen(b4), &info, &in, &err), SRV_OK);
+    cr_expect(strstr(err.msg, "no feature 'x'") != NULL, "%s", err.msg);
+    cr_expect_eq(in.n, 0);
+
+    srv_tensors out = {0};
+    float sc[] = {0.25f, 0.75f, 1, 0};
+    add_f32(&out, "scores", 2, (int64_t[]){2, 2}, sc);
+    size_t len;
+    char *s = srv_tfs_encode_classify(&info, &out, &len, &err);
+    cr_expect_str_eq(s, "{\"results\":[[[\"0\",0.25],[\"1\",0.75]],[[\"0\",1],[\"1\",0]]]}");
+    free(s);
+    const char *labels[] = {"cat", "dog"};
+    info.labels = labels;
+    info.nlabels = 2;
+    s = srv_tfs_encode_classify(&info, &out, &len, &err);
+    cr_expect_str_eq(s, "{\"results\":[[[\"cat\",0.25],[\"dog\",0.75]],[[\"cat\",1],[\"dog\",0]]]}");
+    free(s);
+    cr_expect_null(srv_tfs_encode_regress(&info, &out, &len, &err));
+    srv_tensors_free(&out);
+    add_f32(&out, "outputs", 2, (int64_t[]){2, 1}, sc);
+    s = srv_tfs_encode_regress(&info, &out, &len, &err);
+    cr_expect_str_eq(s, "{\"results\":[0.25,0.75]}");
+    free(s);
+    srv_tensors_free(&out);
+}
+
+/* ---- KServe v2 ---- */
+
+static srv_code ks(const char *body, size_t len, size_t json_len, const srv_version_info *info, srv_tensors *in,
+                   srv_kserve_req *r, srv_error *err) {
+    memset(in, 0, sizeof *in);
+    memset(err, 0, sizeof *err);
+    return srv_kserve_decode_infer(body, len, json_len, info, in, r, err);
+}
+
+static void ks_bad(const char *body, const srv_version_info *info, const char *needle) {
+    srv_tensors in;
+    srv_kserve_req r;
+    srv_error err;
+    cr_expect_neq(ks(body, strlen(body), strlen(body), info, &in, &r, &err), SRV_OK, "accepted %s", body);
+    cr_expect_eq(in.n, 0);
+    cr_expect_null(r.id);
+    if (needle) cr_expect(strstr(err.msg, needle) != NULL, "error '%s' lacks '%s'", err.msg, needle);
+}
+
+Test(kserve, json_infer) {
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    const char *b = "{\"id\":\"r1\",\"parameters\":{\"binary_data_output\":false},\"inputs\":[{\"name\":\"x\","
+                    "\"shape\":[2,3],\"datatype\":\"FP32\",\"data\":[[1,2,3],[4,5,6]]}],"
+                    "\"outputs\":[{\"name\":\"y\",\"parameters\":{\"binary_data\":true}}]}";
+    srv_tensors in;
+    srv_kserve_req r;
+    srv_error err;
+    cr_assert_eq(ks(b, strlen(b), strlen(b), &info, &in, &r, &err), SRV_OK, "%s", err.msg);
+    cr_expect_str_eq(r.id, "r1");
+    cr_expect_eq(r.noutputs, 1);
+    cr_expect_str_eq(r.outputs[0], "y");
+    cr_expect_eq(r.output_binary[0], 1);
+    cr_expect_eq(in.t[0].dims[1], 3);
+    cr_expect_eq(((float *)in.t[0].data)[4], 5.0f);
+    /* reply: y as binary, with the JSON header length */
+    srv_tensors out = {0};
+    float y[] = {1, 2, 3, 4};
+    add_f32(&out, "y", 2, (int64_t[]){2, 2}, y);
+    size_t len, hl;
+    char *s = srv_kserve_encode_infer(&info, &out, &r, &len, &hl, &err);
+    cr_assert(s, "%s", err.msg);
+    cr_expect_eq(len, hl + 16);
+    cr_expect(memcmp(s + hl, y, 16) == 0);
+    s[hl] = 0;
+    cr_expect_str_eq(s, "{\"id\":\"r1\",\"model_name\":\"m\",\"model_version\":\"7\",\"outputs\":[{\"name\":\"y\","
+                        "\"datatype\":\"FP32\",\"shape\":[2,2],\"parameters\":{\"binary_data_size\":16}}]}");
+    free(s);
+    srv_kserve_req_free(&r);
+    s = srv_kserve_encode_infer(&info, &out, NULL, &len, &hl, &err);
+    cr_expect_eq(len, hl);
+    cr_expect_str_eq(s, "{\"model_name\":\"m\",\"model_version\":\"7\",\"outputs\":[{\"name\":\"y\",\"datatype\":"
+                        "\"FP32\",\"shape\":[2,2],\"data\":[1,2,3,4]}]}");
+    free(s);
+    srv_tensors_free(&out);
+    srv_tensors_free(&in);
+}
+
+Test(kserve, binary_infer) {
+    srv_version_info info = info2();
+    const char *hdr = "{\"inputs\":[{\"name\":\"b\",\"shape\":[2],\"datatype\":\"INT64\",\"parameters\":"
+                      "{\"binary_data_size\":16}},{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                      "\"parameters\":{\"binary_data_size\":16}}]}";
+    size_t hl = strlen(hdr);
+    char body[512];
+    int64_t bv[] = {-5, 9};
+    float av[] = {1, 2, 3, 4};
+    memcpy(body, hdr, hl);
+    memcpy(body + hl, bv, 16);
+    memcpy(body + hl + 16, av, 16);
+    srv_tensors in;
+    srv_kserve_req r;
+    srv_error err;
+    cr_assert_eq(ks(body, hl + 32, hl, &info, &in, &r, &err), SRV_OK, "%s", err.msg);
+    int a = srv_tensors_find(&in, "a"), b = srv_tensors_find(&in, "b");
+    cr_expect_eq(((int64_t *)in.t[b].data)[0], -5);
+    cr_expect_eq(((float *)in.t[a].data)[3], 4.0f);
+    srv_tensors_free(&in);
+    srv_kserve_req_free(&r);
+    /* short binary part, trailing bytes, header longer than the body */
+    cr_expect_neq(ks(body, hl + 31, hl, &info, &in, &r, &err), SRV_OK);
+    cr_expect(strstr(err.msg, "past the end") != NULL, "%s", err.msg);
+    memcpy(body + hl + 32, "xx", 2);
+    cr_expect_neq(ks(body, hl + 34, hl, &info, &in, &r, &err), SRV_OK);
+    cr_expect(strstr(err.msg, "additional") != NULL, "%s", err.msg);
+    cr_expect_neq(ks(body, hl, hl + 1, &info, &in, &r, &err), SRV_OK);
+    cr_expect_eq(in.n, 0);
+}
+
+Test(kserve, bad_requests) {
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1099511627776],\"datatype\":\"FP32\",\"data\":[1]}]}", &info,
+           "shape");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1099511627776,3],\"datatype\":\"FP32\",\"data\":[1]}]}", &info,
+           "too large");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[4294967296,3],\"datatype\":\"FP32\",\"parameters\":"
+           "{\"binary_data_size\":12}}]}", &info, NULL);
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1000000,3],\"datatype\":\"FP32\",\"data\":[1,2,3]}]}", &info,
+           "needs 3000000");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP64\",\"data\":[1,2,3]}]}", &info,
+           "datatype");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,4],\"datatype\":\"FP32\",\"data\":[1,2,3,4]}]}", &info,
+           "unexpected shape");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,-3],\"datatype\":\"FP32\",\"data\":[1,2,3]}]}", &info, NULL);
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3.5],\"datatype\":\"FP32\",\"data\":[1,2,3]}]}", &info, NULL);
+    ks_bad("{\"inputs\":[{\"name\":\"w\",\"shape\":[1,3],\"datatype\":\"FP32\",\"data\":[1,2,3]}]}", &info,
+           "unexpected inference input 'w'");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\",\"data\":[1,\"a\",3]}]}", &info,
+           "element 1");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\",\"data\":[1,{},3]}]}", &info, NULL);
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\"}]}", &info, "neither");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\",\"data\":[1,2,3]}],"
+           "\"outputs\":[{\"name\":\"nope\"}]}", &info, "nope");
+    ks_bad("{\"id\":\"a\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\",\"data\":[1,2,3]},"
+           "{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\",\"data\":[1,2,3]}]}", &info, "twice");
+    ks_bad("{\"inputs\":[]}", &info, "non-empty");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\",\"data\":[1,2,3]}", &info, "malformed");
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[1,1,1,1,1,1,1,1,1],\"datatype\":\"FP32\",\"data\":[1]}]}", &info,
+           NULL);
+    srv_version_info i2 = info2();
+    ks_bad("{\"inputs\":[{\"name\":\"a\",\"shape\":[1,2],\"datatype\":\"FP32\",\"data\":[1,2]}]}", &i2, "missing 'b'");
+}
+
+Test(kserve, dtypes) {
+    const char *names[] = {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
+                           "INT32", "INT64", "FP16", "FP32", "FP64", "BF16", "BYTES"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        cr_expect_str_eq(srv_kserve_dtype(srv_kserve_dtype_parse(names[i])), names[i]);
+    cr_expect_eq(srv_kserve_dtype_parse("fp32"), ENG_DTYPE_UNDEFINED);
+    cr_expect_str_eq(srv_tf_dtype(ENG_DTYPE_F32), "DT_FLOAT");
+    cr_expect_str_eq(srv_tf_dtype(ENG_DTYPE_I64), "DT_INT64");
+}
+
+/* ---- metrics ---- */
+
+Test(metrics, render) {
+    srv_metrics *m = srv_metrics_new();
+    cr_assert(m);
+    srv_metrics_request(m, "fash\"ion\\", 3, "stable", "predict", SRV_OK, 700);
+    srv_metrics_request(m, "fash\"ion\\", 3, NULL, "predict", SRV_INVALID_ARGUMENT, 70000000);
+    srv_metrics_batch(m, "m", 1, 3, 4);
+    srv_metrics_queue(m, "m", 1, 120);
+    srv_metrics_load(m, "m", 1, 12.5, 1024);
+    srv_metrics_swap(m, "m", 1, "load");
+    srv_metrics_swap(m, "m", 1, "load");
+    srv_metrics_state(m, "m", 1, 30);
+    size_t len;
+    char *s = srv_metrics_render(m, &len);
+    cr_assert(s);
+    cr_expect_eq(len, strlen(s));
+    cr_expect(strstr(s, "# HELP tensord_request_count ") != NULL);
+    cr_expect(strstr(s, "# TYPE tensord_request_latency_us histogram\n") != NULL);
+    cr_expect(strstr(s, "tensord_request_count{model=\"fash\\\"ion\\\\\",version=\"3\",label=\"stable\","
+                        "api=\"predict\",status=\"OK\"} 1\n") != NULL, "%s", s);
+    cr_expect(strstr(s, "status=\"INVALID_ARGUMENT\"} 1\n") != NULL);
+    cr_expect(strstr(s, "tensord_request_latency_us_bucket{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\","
+                        "le=\"1000\"} 1\n") != NULL, "%s", s);
+    cr_expect(strstr(s, "le=\"+Inf\"} 2\n") != NULL);
+    cr_expect(strstr(s, "tensord_request_latency_us_count{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\"} 2\n"));
+    cr_expect(strstr(s, "tensord_request_latency_us_sum{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\"} 70000700\n"));
+    cr_expect(strstr(s, "tensord_batch_size_bucket{model=\"m\",version=\"1\",le=\"2\"} 0\n"));
+    cr_expect(strstr(s, "tensord_batch_size_bucket{model=\"m\",version=\"1\",le=\"4\"} 1\n"));
+    cr_expect(strstr(s, "tensord_model_swap_count{model=\"m\",version=\"1\",event=\"load\"} 2\n"));
+    cr_expect(strstr(s, "tensord_model_weights_bytes{model=\"m\",version=\"1\"} 1024\n"));
+    cr_expect(strstr(s, "tensord_model_load_latency_ms{model=\"m\",version=\"1\"} 12.5\n"));
+    cr_expect(strstr(s, "tensord_model_version_state{model=\"m\",version=\"1\"} 30\n"));
+    free(s);
+    srv_metrics_forget(m, "m", 1);
+    s = srv_metrics_render(m, &len);
+    cr_expect_null(strstr(s, "tensord_model_weights_bytes{"));
+    cr_expect_null(strstr(s, "tensord_model_version_state{"));
+    free(s);
+    /* bounded cardinality: client-chosen names cannot grow memory without limit */
+    char name[32];
+    for (int i = 0; i < SRV_METRICS_MAX_SERIES + 50; i++) {
+        snprintf(name, sizeof name, "m%d", i);
+        srv_metrics_request(m, name, 1, NULL, "predict", SRV_OK, 1);
+    }
+    cr_expect_leq(m->f[SRV_F_REQ_COUNT].n, SRV_METRICS_MAX_SERIES);
+    cr_expect_gt(m->dropped, 0);
+    srv_metrics_free(&m);
+    cr_expect_null(m);
+}
