@@ -42,15 +42,8 @@ $(info tensord build: oneDNN $(if $(filter 1,$(HAVE_DNNL)),found,NOT FOUND (make
 $(info tensord build: onnx.proto $(if $(filter 1,$(HAVE_ONNX_PROTO)),found,NOT FOUND (make deps)))
 $(info tensord build: nvcc $(if $(NVCC),found at $(NVCC),not found)$(if $(filter 1,$(CUDA_ON)), (CUDA=1: compiling kernels/cuda), (CUDA kernels off; CUDA=1 to compile)))
 
-# SERVE=1 links `tensord serve` (server/*.c beyond the CLI) while the serving files are being written.
-SERVE ?= 0
-$(info tensord build: serving $(if $(filter 1,$(SERVE)),on,off (SERVE=1 builds tensord serve)))
 LIB_SRC := $(wildcard engine/*.c engine/ops/*.c kernels/*.c kernels/cpu/*.c)
-ifeq ($(SERVE),1)
 BIN_SRC := $(wildcard server/*.c admin/*.c models/*.c)
-else
-BIN_SRC := server/main.c $(wildcard server/cli-*.c)
-endif
 CU_SRC := $(wildcard kernels/cuda/*.cu)
 LIB_OBJ := $(GEN)/onnx.pb-c.o $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 BIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(BIN_SRC))

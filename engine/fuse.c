@@ -1,3 +1,658 @@
-/* fuse.c - placeholder: no rewrites yet (see fuse.h). */
+/* fuse.c - graph rewrites run once per loaded model before planning (see fuse.h).
+ *
+ * Rules (all float32 weights; every intermediate value must have exactly one consumer, not be a graph output
+ * and not be referenced by name from a subgraph):
+ *   Conv(W const) -> BatchNormalization(const params)   => Conv with folded W', B'
+ *   Conv -> Add(per-channel/scalar constant)            => Conv with the constant folded into B
+ *   Conv -> Add(other tensor)                           => FusedConv(X, W, B, Z)   (residual, oneDNN binary post-op)
+ *   Conv/FusedConv -> activation                        => FusedConv(act)          (Relu, LeakyRelu, Clip, Sigmoid,
+ *                                                          Tanh, HardSigmoid, Elu, Gelu)
+ *   MatMul(B const 2-D) -> Add(bias const, N elements)  => FusedMatMul(A, B, bias)
+ *   MatMul(B const) / FusedMatMul / Gemm -> activation  => FusedMatMul / FusedGemm(act), including the exported
+ *                                                          erf-Gelu subgraph x*0.5*(1+erf(x/sqrt(2))) in its usual forms
+ * Fused ops live in domain "com.tensord" (engine/ops/nn.c) and carry attrs act/act_alpha/act_beta.
+ * Invariants: node names, graph inputs and outputs are untouched; the fused node takes the position of the LAST
+ * node of its pattern (so every input it reads, e.g. a residual branch, is produced before it); removed nodes are
+ * compacted out of g->nodes and every value's producer index is recomputed. Values orphaned by a rewrite stay in
+ * g->values (no node produces or consumes them). Folded weights are written in place when the initializer has
+ * no other user and is not a graph input; otherwise a new initializer is added.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/krn-nn.h"
 #include "fuse.h"
-eng_status eng_graph_fuse(eng_graph *g) { (void)g; return ENG_STATUS_OK; }
+
+typedef struct fz_ctx {
+    eng_graph *g;
+    unsigned char *dead; /* per node */
+    int changed;
+} fz_ctx;
+
+static char *fz_strdup(const char *s) {
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+static int fz_subgraph_uses(const eng_graph *sg, const char *name) {
+    for (int i = 0; i < sg->nnodes; i++) {
+        const eng_node *n = &sg->nodes[i];
+        for (int j = 0; j < n->nin; j++)
+            if (n->inputs[j] >= 0 && !strcmp(sg->values[n->inputs[j]].name, name)) return 1;
+        for (int a = 0; a < n->nattr; a++)
+            if (n->attrs[a].g && fz_subgraph_uses(n->attrs[a].g, name)) return 1;
+    }
+    for (int i = 0; i < sg->noutputs; i++)
+        if (!strcmp(sg->values[sg->outputs[i]].name, name)) return 1;
+    return 0;
+}
+
+/* Number of uses of value v: node inputs (live nodes), graph outputs, and subgraph references (each counts 1). */
+static int fz_uses(const fz_ctx *z, int v) {
+    const eng_graph *g = z->g;
+    int n = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        if (z->dead[i]) continue;
+        const eng_node *nd = &g->nodes[i];
+        for (int j = 0; j < nd->nin; j++) n += nd->inputs[j] == v;
+        for (int a = 0; a < nd->nattr; a++)
+            if (nd->attrs[a].g && fz_subgraph_uses(nd->attrs[a].g, g->values[v].name)) n++;
+    }
+    for (int i = 0; i < g->noutputs; i++) n += g->outputs[i] == v;
+    return n;
+}
+
+/* The single live consumer node of v (and v must be used exactly once), else -1. */
+static int fz_sole_consumer(const fz_ctx *z, int v) {
+    if (v < 0 || fz_uses(z, v) != 1) return -1;
+    for (int i = 0; i < z->g->nnodes; i++) {
+        if (z->dead[i]) continue;
+        const eng_node *nd = &z->g->nodes[i];
+        for (int j = 0; j < nd->nin; j++)
+            if (nd->inputs[j] == v) return i;
+    }
+    return -1;
+}
+
+static int fz_is_graph_input(const eng_graph *g, int v) {
+    for (int i = 0; i < g->ninputs; i++)
+        if (g->inputs[i] == v) return 1;
+    return 0;
+}
+
+/* Constant float32 initializer (not overridable by the caller)? */
+static const eng_tensor *fz_const_f32(const eng_graph *g, int v) {
+    if (v < 0 || !g->values[v].init || fz_is_graph_input(g, v)) return NULL;
+    const eng_tensor *t = g->values[v].init;
+    return t->dtype == ENG_DTYPE_F32 && t->data ? t : NULL;
+}
+
+static int fz_is_op(const eng_node *n, const char *op) { return !strcmp(n->op_type, op) && !n->domain[0]; }
+
+/* Node has exactly one real output (others omitted). */
+static int fz_one_output(const eng_node *n) {
+    for (int i = 1; i < n->nout; i++)
+        if (n->outputs[i] >= 0) return 0;
+    return n->nout >= 1 && n->outputs[0] >= 0;
+}
+
+static int fz_scalar_is(const eng_graph *g, int v, double want, double tol) {
+    const eng_tensor *t = fz_const_f32(g, v);
+    return t && eng_tensor_numel(t) == 1 && fabs(((const float *)t->data)[0] - want) <= tol;
+}
+
+/* A float32 initializer we may overwrite: in place when only `node` uses it, else a fresh copy. Returns the value
+ * index holding writable data (*data), or -1 on allocation failure. */
+static int fz_writable_init(fz_ctx *z, int v, const char *suffix, float **data) {
+    eng_graph *g = z->g;
+    if (fz_uses(z, v) == 1 && !fz_is_graph_input(g, v)) {
+        *data = g->values[v].init->data;
+        return v;
+    }
+    eng_tensor *t = eng_tensor_clone(g->values[v].init);
+    if (!t) return -1;
+    char name[512];
+    int k = 0;
+    do snprintf(name, sizeof name, "%s%s%s", g->values[v].name, suffix, k++ ? "_x" : "");
+    while (eng_graph_find_value(g, name) >= 0 && k < 100);
+    int nv = eng_graph_add_value(g, name);
+    if (nv < 0) {
+        eng_tensor_destroy(&t);
+        return -1;
+    }
+    eng_value_set_init(g, nv, t);
+    g->values[nv].dtype = t->dtype;
+    g->values[nv].ndim = t->ndim;
+    memcpy(g->values[nv].dims, t->dims, sizeof t->dims);
+    *data = t->data;
+    return nv;
+}
+
+/* A new zero float32 bias [m] for a Conv without one. */
+static int fz_new_bias(fz_ctx *z, const char *base, int64_t m, float **data) {
+    eng_graph *g = z->g;
+    eng_tensor *t = calloc(1, sizeof *t);
+    if (!t) return -1;
+    t->dtype = ENG_DTYPE_F32;
+    t->ndim = 1;
+    t->dims[0] = m;
+    t->data = eng_alloc((size_t)(m ? m : 1) * sizeof(float));
+    if (!t->data) {
+        free(t);
+        return -1;
+    }
+    memset(t->data, 0, (size_t)m * sizeof(float));
+    char name[512];
+    int k = 0;
+    do snprintf(name, sizeof name, "%s_fused_bias%d", base, k++);
+    while (eng_graph_find_value(g, name) >= 0 && k < 100);
+    int nv = eng_graph_add_value(g, name);
+    if (nv < 0) {
+        eng_tensor_destroy(&t);
+        return -1;
+    }
+    eng_value_set_init(g, nv, t);
+    g->values[nv].dtype = ENG_DTYPE_F32;
+    g->values[nv].ndim = 1;
+    g->values[nv].dims[0] = m;
+    *data = t->data;
+    return nv;
+}
+
+/* Make sure node n has input slot idx (filling with -1). */
+static eng_status fz_ensure_inputs(eng_node *n, int count) {
+    if (n->nin >= count) return ENG_STATUS_OK;
+    int *in = realloc(n->inputs, (size_t)count * sizeof(int));
+    if (!in) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "fusing node '%s'", n->name);
+    for (int i = n->nin; i < count; i++) in[i] = -1;
+    n->inputs = in;
+    n->nin = count;
+    return ENG_STATUS_OK;
+}
+
+static eng_status fz_set_op(eng_node *n, const char *op, const char *domain) {
+    char *o = fz_strdup(op), *d = fz_strdup(domain);
+    if (!o || !d) {
+        free(o);
+        free(d);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "fusing node '%s'", n->name);
+    }
+    free(n->op_type);
+    free(n->domain);
+    n->op_type = o;
+    n->domain = d;
+    return ENG_STATUS_OK;
+}
+
+static eng_status fz_add_attr_int(eng_graph *g, int node, const char *name, int64_t v) {
+    eng_attr a = {0};
+    a.name = (char *)name;
+    a.type = ENG_ATTR_INT;
+    a.i = v;
+    return eng_node_add_attr(g, node, &a);
+}
+
+static eng_status fz_add_attr_float(eng_graph *g, int node, const char *name, float v) {
+    eng_attr a = {0};
+    a.name = (char *)name;
+    a.type = ENG_ATTR_FLOAT;
+    a.f = v;
+    return eng_node_add_attr(g, node, &a);
+}
+
+/* Move node `from` into slot `to` (whose node is dead and released), leaving `from` dead and empty. */
+static void fz_release_node(eng_node *n) {
+    free(n->name);
+    free(n->op_type);
+    free(n->domain);
+    free(n->inputs);
+    free(n->outputs);
+    for (int i = 0; i < n->nattr; i++) {
+        eng_attr *a = &n->attrs[i];
+        free(a->name);
+        free(a->s);
+        free(a->floats);
+        free(a->ints);
+        if (a->strings)
+            for (int j = 0; j < a->n; j++) free(a->strings[j]);
+        free(a->strings);
+        eng_free(a->t.data);
+        eng_graph_free(&a->g);
+    }
+    free(n->attrs);
+    memset(n, 0, sizeof *n);
+}
+
+static void fz_move_node(fz_ctx *z, int from, int to) {
+    if (from == to) return;
+    fz_release_node(&z->g->nodes[to]);
+    z->g->nodes[to] = z->g->nodes[from];
+    memset(&z->g->nodes[from], 0, sizeof z->g->nodes[from]);
+    z->dead[to] = 0;
+    z->dead[from] = 1;
+}
+
+/* Activation node -> krn params; returns 1 when `n` is a supported activation with constant attributes. */
+static int fz_activation(const eng_graph *g, const eng_node *n, krn_nn_act_params *a) {
+    if (n->domain[0] || !fz_one_output(n) || n->nin < 1) return 0;
+    a->alpha = a->beta = 0.f;
+    if (!strcmp(n->op_type, "Relu")) a->kind = KRN_NN_ACT_RELU;
+    else if (!strcmp(n->op_type, "LeakyRelu")) a->kind = KRN_NN_ACT_RELU, a->alpha = eng_node_attr_float(n, "alpha", 0.01f);
+    else if (!strcmp(n->op_type, "Sigmoid")) a->kind = KRN_NN_ACT_SIGMOID;
+    else if (!strcmp(n->op_type, "Tanh")) a->kind = KRN_NN_ACT_TANH;
+    else if (!strcmp(n->op_type, "Elu")) a->kind = KRN_NN_ACT_ELU, a->alpha = eng_node_attr_float(n, "alpha", 1.f);
+    else if (!strcmp(n->op_type, "HardSigmoid")) {
+        a->kind = KRN_NN_ACT_HARD_SIGMOID;
+        a->alpha = eng_node_attr_float(n, "alpha", 0.2f);
+        a->beta = eng_node_attr_float(n, "beta", 0.5f);
+    } else if (!strcmp(n->op_type, "Gelu")) {
+        const char *ap = eng_node_attr_str(n, "approximate", "none");
+        a->kind = !strcmp(ap, "tanh") ? KRN_NN_ACT_GELU_TANH : KRN_NN_ACT_GELU_ERF;
+    } else if (!strcmp(n->op_type, "Clip")) {
+        a->kind = KRN_NN_ACT_CLIP;
+        a->alpha = -INFINITY;
+        a->beta = INFINITY;
+        if (g->opset < 11) {
+            a->alpha = eng_node_attr_float(n, "min", -INFINITY);
+            a->beta = eng_node_attr_float(n, "max", INFINITY);
+        } else {
+            for (int i = 1; i < n->nin && i < 3; i++) {
+                if (n->inputs[i] < 0) continue;
+                const eng_tensor *t = fz_const_f32(g, n->inputs[i]);
+                if (!t || eng_tensor_numel(t) != 1) return 0;
+                float v = ((const float *)t->data)[0];
+                if (i == 1) a->alpha = v;
+                else a->beta = v;
+            }
+        }
+    } else return 0;
+    return 1;
+}
+
+static eng_status fz_set_act_attrs(fz_ctx *z, int node, const krn_nn_act_params *a) {
+    ENG_TRY(fz_add_attr_int(z->g, node, "act", a->kind));
+    ENG_TRY(fz_add_attr_float(z->g, node, "act_alpha", a->alpha));
+    return fz_add_attr_float(z->g, node, "act_beta", a->beta);
+}
+
+/* ------------------------------------------------------------ Conv */
+
+static eng_status fz_fold_bn(fz_ctx *z, int ci, int bi) {
+    eng_graph *g = z->g;
+    eng_node *conv = &g->nodes[ci], *bn = &g->nodes[bi];
+    const eng_tensor *w = fz_const_f32(g, conv->inputs[1]);
+    if (!w || bn->nin < 5 || bn->inputs[0] != conv->outputs[0] || !fz_one_output(bn)) return ENG_STATUS_OK;
+    if (eng_node_attr_int(bn, "training_mode", 0) != 0 || eng_node_attr_int(bn, "spatial", 1) != 1) return ENG_STATUS_OK;
+    int64_t m = w->dims[0];
+    const eng_tensor *prm[4];
+    for (int i = 0; i < 4; i++) {
+        prm[i] = fz_const_f32(g, bn->inputs[1 + i]);
+        if (!prm[i] || eng_tensor_numel(prm[i]) != m) return ENG_STATUS_OK;
+    }
+    const eng_tensor *b = NULL;
+    if (conv->nin > 2 && conv->inputs[2] >= 0) {
+        b = fz_const_f32(g, conv->inputs[2]);
+        if (!b || eng_tensor_numel(b) != m) return ENG_STATUS_OK;
+    }
+    double eps = eng_node_attr_float(bn, "epsilon", 1e-5f);
+    float *wd, *bd;
+    int wv = fz_writable_init(z, conv->inputs[1], "_bnfold", &wd);
+    if (wv < 0) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "folding BatchNormalization into '%s'", conv->name);
+    int bv = b ? fz_writable_init(z, conv->inputs[2], "_bnfold", &bd) : fz_new_bias(z, conv->name, m, &bd);
+    if (bv < 0) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "folding BatchNormalization into '%s'", conv->name);
+    conv = &g->nodes[ci]; /* arrays may have moved */
+    bn = &g->nodes[bi];
+    const float *sc = prm[0]->data, *sh = prm[1]->data, *mu = prm[2]->data, *var = prm[3]->data;
+    int64_t per = eng_tensor_numel(w) / (m ? m : 1);
+    for (int64_t o = 0; o < m; o++) {
+        double f = sc[o] / sqrt((double)var[o] + eps);
+        for (int64_t i = 0; i < per; i++) wd[o * per + i] = (float)(wd[o * per + i] * f);
+        bd[o] = (float)((bd[o] - mu[o]) * f + sh[o]);
+    }
+    ENG_TRY(fz_ensure_inputs(conv, 3));
+    conv->inputs[1] = wv;
+    conv->inputs[2] = bv;
+    conv->outputs[0] = bn->outputs[0];
+    z->dead[bi] = 1;
+    fz_move_node(z, ci, bi);
+    z->changed = 1;
+    return ENG_STATUS_OK;
+}
+
+/* Add(y, const) where const broadcasts per output channel (or is a scalar): fold into the bias. */
+static int fz_fold_add_const(fz_ctx *z, int ci, int ai, int other) {
+    eng_graph *g = z->g;
+    eng_node *conv = &g->nodes[ci];
+    const eng_tensor *w = fz_const_f32(g, conv->inputs[1]);
+    const eng_tensor *t = fz_const_f32(g, other);
+    if (!w || !t) return 0;
+    int64_t m = w->dims[0], yr = w->ndim, n = eng_tensor_numel(t);
+    if (t->ndim > yr) return 0;
+    if (n != 1) {
+        if (n != m || t->ndim < yr - 1) return 0;
+        for (int i = 0; i < t->ndim; i++) {
+            int yd = (int)(yr - t->ndim) + i;
+            if (yd == 1 ? t->dims[i] != m : t->dims[i] != 1) return 0;
+        }
+    }
+    const eng_tensor *b = NULL;
+    if (conv->nin > 2 && conv->inputs[2] >= 0) {
+        b = fz_const_f32(g, conv->inputs[2]);
+        if (!b) return 0;
+    }
+    float *bd;
+    int bv = b ? fz_writable_init(z, conv->inputs[2], "_addfold", &bd) : fz_new_bias(z, conv->name, m, &bd);
+    if (bv < 0) return -1;
+    conv = &g->nodes[ci];
+    const float *td = t->data;
+    for (int64_t o = 0; o < m; o++) bd[o] += td[n == 1 ? 0 : o];
+    if (fz_ensure_inputs(conv, 3) != ENG_STATUS_OK) return -1;
+    conv->inputs[2] = bv;
+    conv->outputs[0] = g->nodes[ai].outputs[0];
+    z->dead[ai] = 1;
+    fz_move_node(z, ci, ai);
+    z->changed = 1;
+    return 1;
+}
+
+static eng_status fz_conv(fz_ctx *z, int ci) {
+    eng_graph *g = z->g;
+    if (!fz_one_output(&g->nodes[ci])) return ENG_STATUS_OK;
+    /* 1. BatchNormalization folding (repeatable: Conv -> BN -> BN is legal) */
+    for (;;) {
+        int c = fz_sole_consumer(z, g->nodes[ci].outputs[0]);
+        if (c < 0 || !fz_is_op(&g->nodes[c], "BatchNormalization")) break;
+        int before = z->changed;
+        z->changed = 0;
+        ENG_TRY(fz_fold_bn(z, ci, c));
+        if (!z->changed) {
+            z->changed = before;
+            break;
+        }
+        ci = c;
+    }
+    /* 2. Add: constant per-channel -> bias; anything else -> residual */
+    int fused = 0;
+    krn_nn_act_params act = {0};
+    int resid = -1;
+    for (;;) {
+        int c = fz_sole_consumer(z, g->nodes[ci].outputs[0]);
+        if (c < 0) break;
+        eng_node *an = &g->nodes[c];
+        if (fz_is_op(an, "Add") && an->nin == 2 && fz_one_output(an) && an->inputs[0] != an->inputs[1]) {
+            int other = an->inputs[0] == g->nodes[ci].outputs[0] ? an->inputs[1] : an->inputs[0];
+            int r = fz_fold_add_const(z, ci, c, other);
+            if (r < 0) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "fusing Add into '%s'", g->nodes[ci].name);
+            if (r > 0) {
+                ci = c;
+                continue;
+            }
+            if (resid >= 0 || g->values[other].init) break;
+            const eng_tensor *w = g->values[g->nodes[ci].inputs[1]].init;
+            if (w && g->values[other].ndim > w->ndim) break;
+            resid = other;
+            g->nodes[ci].outputs[0] = an->outputs[0];
+            z->dead[c] = 1;
+            fz_move_node(z, ci, c);
+            ci = c;
+            fused = 1;
+            continue;
+        }
+        break;
+    }
+    /* 3. activation */
+    int c = fz_sole_consumer(z, g->nodes[ci].outputs[0]);
+    if (c >= 0 && fz_activation(g, &g->nodes[c], &act) && g->nodes[c].inputs[0] == g->nodes[ci].outputs[0]) {
+        g->nodes[ci].outputs[0] = g->nodes[c].outputs[0];
+        z->dead[c] = 1;
+        fz_move_node(z, ci, c);
+        ci = c;
+        fused = 1;
+    }
+    if (!fused) return ENG_STATUS_OK;
+    eng_node *n = &g->nodes[ci];
+    ENG_TRY(fz_set_op(n, "FusedConv", "com.tensord"));
+    if (resid >= 0) {
+        ENG_TRY(fz_ensure_inputs(n, 4));
+        n->inputs[3] = resid;
+    }
+    ENG_TRY(fz_set_act_attrs(z, ci, &act));
+    z->changed = 1;
+    return ENG_STATUS_OK;
+}
+
+/* ------------------------------------------------------------ MatMul / Gemm */
+
+/* Erf-Gelu subgraph hanging off x; on match returns the final node index and lists the pattern's nodes. */
+static int fz_match_erf_gelu(const fz_ctx *z, int x, int *nodes, int *nn) {
+    const eng_graph *g = z->g;
+    if (fz_uses(z, x) != 2) return -1;
+    int cons[2], k = 0;
+    for (int i = 0; i < g->nnodes && k < 2; i++) {
+        if (z->dead[i]) continue;
+        for (int j = 0; j < g->nodes[i].nin; j++)
+            if (g->nodes[i].inputs[j] == x) {
+                cons[k++] = i;
+                break;
+            }
+    }
+    if (k != 2) return -1;
+    for (int pick = 0; pick < 2; pick++) {
+        int si = cons[pick], pi = cons[1 - pick];
+        const eng_node *s = &g->nodes[si], *p = &g->nodes[pi];
+        if (s->nin != 2 || s->inputs[0] != x || !fz_one_output(s)) continue;
+        int sc_ok = (fz_is_op(s, "Div") && fz_scalar_is(g, s->inputs[1], 1.41421356, 2e-3)) ||
+                    (fz_is_op(s, "Mul") && fz_scalar_is(g, s->inputs[1], 0.70710678, 1e-3));
+        if (!sc_ok || !fz_is_op(p, "Mul") || p->nin != 2 || !fz_one_output(p)) continue;
+        int ei = fz_sole_consumer(z, s->outputs[0]);
+        if (ei < 0 || !fz_is_op(&g->nodes[ei], "Erf") || !fz_one_output(&g->nodes[ei])) continue;
+        int ai = fz_sole_consumer(z, g->nodes[ei].outputs[0]);
+        if (ai < 0 || !fz_is_op(&g->nodes[ai], "Add") || g->nodes[ai].nin != 2 || !fz_one_output(&g->nodes[ai])) continue;
+        const eng_node *an = &g->nodes[ai];
+        int one = an->inputs[0] == g->nodes[ei].outputs[0] ? an->inputs[1] : an->inputs[0];
+        if (!fz_scalar_is(g, one, 1.0, 1e-6)) continue;
+        int a = an->outputs[0];
+        int pother = p->inputs[0] == x ? p->inputs[1] : p->inputs[0];
+        int fin = -1, mid = -1;
+        if (pother == a) { /* m = x * (1 + erf); y = m * 0.5 */
+            int qi = fz_sole_consumer(z, p->outputs[0]);
+            if (qi < 0 || !fz_is_op(&g->nodes[qi], "Mul") || g->nodes[qi].nin != 2) continue;
+            const eng_node *q = &g->nodes[qi];
+            int half = q->inputs[0] == p->outputs[0] ? q->inputs[1] : q->inputs[0];
+            if (!fz_scalar_is(g, half, 0.5, 1e-6) || !fz_one_output(q)) continue;
+            fin = qi;
+        } else if (fz_scalar_is(g, pother, 0.5, 1e-6)) { /* h = x * 0.5; y = h * (1 + erf) */
+            int qi = fz_sole_consumer(z, p->outputs[0]);
+            if (qi < 0 || qi != fz_sole_consumer(z, a) || !fz_is_op(&g->nodes[qi], "Mul") || !fz_one_output(&g->nodes[qi]))
+                continue;
+            fin = qi;
+        } else { /* h = (1 + erf) * 0.5; y = x * h */
+            int hi = fz_sole_consumer(z, a);
+            if (hi < 0 || !fz_is_op(&g->nodes[hi], "Mul") || g->nodes[hi].nin != 2 || !fz_one_output(&g->nodes[hi])) continue;
+            const eng_node *h = &g->nodes[hi];
+            int half = h->inputs[0] == a ? h->inputs[1] : h->inputs[0];
+            if (!fz_scalar_is(g, half, 0.5, 1e-6) || pother != h->outputs[0]) continue;
+            mid = hi;
+            fin = pi;
+        }
+        k = 0;
+        nodes[k++] = si, nodes[k++] = ei, nodes[k++] = ai, nodes[k++] = pi;
+        if (mid >= 0) nodes[k++] = mid;
+        if (fin != pi) nodes[k++] = fin;
+        *nn = k;
+        return fin;
+    }
+    return -1;
+}
+
+static eng_status fz_matmul(fz_ctx *z, int mi) {
+    eng_graph *g = z->g;
+    eng_node *mm = &g->nodes[mi];
+    if (!fz_one_output(mm) || mm->nin < 2) return ENG_STATUS_OK;
+    int gemm = fz_is_op(mm, "Gemm");
+    const eng_tensor *b = fz_const_f32(g, mm->inputs[1]);
+    if (!gemm && (!b || b->ndim != 2)) return ENG_STATUS_OK;
+    if (gemm) {
+        const eng_value *av = &g->values[mm->inputs[0]];
+        if (!b && av->dtype != ENG_DTYPE_F32) return ENG_STATUS_OK;
+    }
+    int fused = 0, bias = -1;
+    krn_nn_act_params act = {0};
+    if (!gemm) {
+        int c = fz_sole_consumer(z, mm->outputs[0]);
+        if (c >= 0 && fz_is_op(&g->nodes[c], "Add") && g->nodes[c].nin == 2 && fz_one_output(&g->nodes[c])) {
+            eng_node *an = &g->nodes[c];
+            int other = an->inputs[0] == mm->outputs[0] ? an->inputs[1] : an->inputs[0];
+            const eng_tensor *t = fz_const_f32(g, other);
+            int64_t n = b->dims[1];
+            int ok = t && eng_tensor_numel(t) == n && t->ndim >= 1 && t->dims[t->ndim - 1] == n;
+            if (ok && t->ndim > 1) ok = g->values[mm->inputs[0]].ndim >= t->ndim;
+            if (ok) {
+                bias = other;
+                mm->outputs[0] = an->outputs[0];
+                z->dead[c] = 1;
+                fz_move_node(z, mi, c);
+                mi = c;
+                mm = &g->nodes[mi];
+                fused = 1;
+            }
+        }
+    }
+    int c = fz_sole_consumer(z, mm->outputs[0]);
+    int pat[8], np = 0, fin;
+    if (c >= 0 && fz_activation(g, &g->nodes[c], &act) && g->nodes[c].inputs[0] == mm->outputs[0]) {
+        mm->outputs[0] = g->nodes[c].outputs[0];
+        z->dead[c] = 1;
+        fz_move_node(z, mi, c);
+        mi = c;
+        fused = 1;
+    } else if ((fin = fz_match_erf_gelu(z, mm->outputs[0], pat, &np)) >= 0) {
+        act.kind = KRN_NN_ACT_GELU_ERF;
+        mm->outputs[0] = g->nodes[fin].outputs[0];
+        for (int i = 0; i < np; i++) z->dead[pat[i]] = 1;
+        fz_move_node(z, mi, fin);
+        mi = fin;
+        fused = 1;
+    }
+    if (!fused) return ENG_STATUS_OK;
+    eng_node *n = &g->nodes[mi];
+    ENG_TRY(fz_set_op(n, gemm ? "FusedGemm" : "FusedMatMul", "com.tensord"));
+    if (bias >= 0) {
+        ENG_TRY(fz_ensure_inputs(n, 3));
+        n->inputs[2] = bias;
+    }
+    ENG_TRY(fz_set_act_attrs(z, mi, &act));
+    z->changed = 1;
+    return ENG_STATUS_OK;
+}
+
+/* ------------------------------------------------------------ driver */
+
+static eng_status fz_compact(fz_ctx *z) {
+    eng_graph *g = z->g;
+    int k = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        if (z->dead[i]) {
+            fz_release_node(&g->nodes[i]);
+            continue;
+        }
+        if (k != i) g->nodes[k] = g->nodes[i];
+        k++;
+    }
+    for (int i = k; i < g->nnodes; i++) memset(&g->nodes[i], 0, sizeof g->nodes[i]);
+    g->nnodes = k;
+    for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int j = 0; j < g->nodes[i].nout; j++)
+            if (g->nodes[i].outputs[j] >= 0) g->values[g->nodes[i].outputs[j]].producer = i;
+    return ENG_STATUS_OK;
+}
+
+/* ------------------------------------------------------------ layout pass */
+
+/* Conv/FusedConv with a 4-D float32 weight initializer (the only producers/consumers of BLOCKED activations). */
+static int fz_is_conv2d(const eng_graph *g, const eng_node *n) {
+    int conv = fz_is_op(n, "Conv") || (!strcmp(n->op_type, "FusedConv") && !strcmp(n->domain, "com.tensord"));
+    if (!conv || n->nin < 2 || !fz_one_output(n)) return 0;
+    const eng_tensor *w = fz_const_f32(g, n->inputs[1]);
+    return w && w->ndim == 4;
+}
+
+static int fz_is_pool_blockable(const eng_node *n) {
+    if (n->domain[0] || !fz_one_output(n)) return 0;
+    return !strcmp(n->op_type, "MaxPool") || !strcmp(n->op_type, "AveragePool") ||
+           !strcmp(n->op_type, "GlobalAveragePool") || !strcmp(n->op_type, "GlobalMaxPool");
+}
+
+/* Mark conv outputs whose every consumer is an nn kernel that reads the BLOCKED layout (see krn_nn_layout): such
+ * activations never leave the conv chain in plain NCHW. Fixpoint: a conv output used as another conv's residual Z
+ * may be blocked only if that conv's output is blocked too (Z and Y share a layout). */
+static eng_status fz_layouts(fz_ctx *z) {
+    eng_graph *g = z->g;
+    if (getenv("TENSORD_NO_BLOCKED")) return ENG_STATUS_OK;
+    unsigned char *blk = calloc((size_t)g->nnodes + 1, 1);
+    if (!blk) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "layout pass");
+    for (int i = 0; i < g->nnodes; i++) blk[i] = (unsigned char)fz_is_conv2d(g, &g->nodes[i]);
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < g->nnodes; i++) {
+            if (!blk[i]) continue;
+            int v = g->nodes[i].outputs[0], ok = 1, uses = 0;
+            for (int j = 0; j < g->nnodes && ok; j++) {
+                const eng_node *c = &g->nodes[j];
+                for (int k = 0; k < c->nin && ok; k++) {
+                    if (c->inputs[k] != v) continue;
+                    uses++;
+                    if (k == 0 && (fz_is_conv2d(g, c) || fz_is_pool_blockable(c))) continue;
+                    if (k == 3 && fz_is_conv2d(g, c) && blk[j]) continue;
+                    ok = 0;
+                }
+            }
+            if (ok && uses != fz_uses(z, v)) ok = 0; /* graph output or subgraph reference */
+            /* our own residual must come in blocked too */
+            const eng_node *n = &g->nodes[i];
+            if (ok && n->nin > 3 && n->inputs[3] >= 0) {
+                int pz = g->values[n->inputs[3]].producer;
+                if (pz < 0 || !blk[pz]) ok = 0;
+            }
+            if (!ok) blk[i] = 0, changed = 1;
+        }
+    }
+    eng_status st = ENG_STATUS_OK;
+    for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
+        const eng_node *n = &g->nodes[i];
+        if (blk[i]) st = fz_add_attr_int(g, i, "y_layout", KRN_NN_LAYOUT_BLOCKED);
+        if (st == ENG_STATUS_OK && n->nin > 0 && n->inputs[0] >= 0 && (fz_is_conv2d(g, n) || fz_is_pool_blockable(n))) {
+            int px = g->values[n->inputs[0]].producer;
+            if (px >= 0 && blk[px]) st = fz_add_attr_int(g, i, "x_layout", KRN_NN_LAYOUT_BLOCKED);
+        }
+    }
+    free(blk);
+    return st;
+}
+
+eng_status eng_graph_fuse(eng_graph *g) {
+    if (!g || g->nnodes == 0) return ENG_STATUS_OK;
+    if (getenv("TENSORD_NO_FUSE")) return ENG_STATUS_OK;
+    fz_ctx z = {g, calloc((size_t)g->nnodes, 1), 0};
+    if (!z.dead) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "graph fusion");
+    eng_status st = ENG_STATUS_OK;
+    for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
+        if (z.dead[i]) continue;
+        const eng_node *n = &g->nodes[i];
+        if (fz_is_op(n, "Conv")) st = fz_conv(&z, i);
+        else if (fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm")) st = fz_matmul(&z, i);
+    }
+    eng_status cst = fz_compact(&z); /* also after a failure: moved nodes leave dead slots behind */
+    if (st == ENG_STATUS_OK) st = cst;
+    if (st == ENG_STATUS_OK) {
+        memset(z.dead, 0, (size_t)g->nnodes);
+        st = fz_layouts(&z);
+    }
+    free(z.dead);
+    return st;
+}

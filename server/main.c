@@ -5,8 +5,10 @@
 
 #include "cli.h"
 
-/* Weak while the serving files are optional in the build (Makefile SERVE=1). */
-int srv_cmd_serve(int argc, char **argv) __attribute__((weak));
+/* Weak while the training files are being written: a build without them says so instead of failing to link. */
+int srv_cmd_serve(int argc, char **argv);
+int srv_cmd_init(int argc, char **argv) __attribute__((weak));
+int srv_cmd_train(int argc, char **argv) __attribute__((weak));
 
 #ifndef TENSORD_VERSION
 #define TENSORD_VERSION "0.1.0"
@@ -17,6 +19,9 @@ static void usage(FILE *f) {
             "tensord %s - model server with built-in training\n"
             "usage:\n"
             "  tensord serve --model_name=NAME --model_base_path=DIR [--rest_api_port=8501] [...]  (TF Serving flags)\n"
+            "  tensord init --arch NAME [--opt key=value ...] [--seed S] --out DIR/1\n"
+            "  tensord train --model-base-path DIR --data FILE[,FILE] --epochs E --batch-size B --optimizer adam --lr X\n"
+            "                --loss sparse_categorical_crossentropy [--val-split 0.1] [--replicas R] [--resume] [...]\n"
             "  tensord predict --model PATH --input NAME=FILE.npy [--input ...] --output-dir DIR [--threads T]\n"
             "  tensord bench --model PATH --input NAME=FILE.npy [...] [--iterations N] [--warmup W] [--threads T]\n"
             "  tensord conformance DIR [--filter SUBSTR] [-v] [--expect FILE] [--write-passes FILE] [--threads T] [--isolate]\n"
@@ -44,12 +49,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "serve") == 0) {
-        if (!srv_cmd_serve) {
-            fprintf(stderr, "error: this build has no serving (rebuild with make SERVE=1)\n");
+    if (strcmp(cmd, "serve") == 0) return srv_cmd_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "init") == 0 || strcmp(cmd, "train") == 0) {
+        int (*fn)(int, char **) = strcmp(cmd, "init") == 0 ? srv_cmd_init : srv_cmd_train;
+        if (!fn) {
+            fprintf(stderr, "error: '%s' is not in this build yet\n", cmd);
             return 2;
         }
-        return srv_cmd_serve(argc - 1, argv + 1);
+        return fn(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "predict") == 0) return srv_cmd_predict(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return srv_cmd_bench(argc - 1, argv + 1);

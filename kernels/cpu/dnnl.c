@@ -1,0 +1,162 @@
+/* dnnl.c - the oneDNN glue shared by the nn kernels: one process-wide CPU engine, one stream per calling
+ * thread, the error check behind KRN_DNNL_CHECK, activation -> post-op mapping, and the reference activation
+ * loops used by fallback paths.
+ *
+ * Invariants: the engine is created once (pthread_once) and lives for the process; a thread's stream is
+ * created on first use and destroyed by a pthread key destructor when the thread exits. Nothing here keeps
+ * model state, so any number of models/plans share them.
+ */
+#include <dnnl.h>
+#include <dnnl_debug.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "../krn-nn.h"
+#include "../../engine/tensor.h"
+
+eng_status krn_dnnl_fail(dnnl_status_t s, const char *stmt, const char *func, const char *file, int line) {
+    return eng_err(s == dnnl_unimplemented ? ENG_STATUS_UNSUPPORTED : ENG_STATUS_INTERNAL,
+                   "oneDNN call %s failed: %s (%s at %s:%d)", stmt, dnnl_status2str(s), func, file, line);
+}
+
+static pthread_once_t krn_dnnl_once = PTHREAD_ONCE_INIT;
+static dnnl_engine_t krn_dnnl_eng;
+static dnnl_status_t krn_dnnl_eng_status;
+static pthread_key_t krn_dnnl_stream_key;
+static _Thread_local dnnl_stream_t krn_dnnl_tls_stream;
+
+static void krn_dnnl_stream_dtor(void *p) { dnnl_stream_destroy((dnnl_stream_t)p); }
+
+static void krn_dnnl_init_once(void) {
+    krn_dnnl_eng_status = dnnl_engine_create(&krn_dnnl_eng, dnnl_cpu, 0);
+    if (krn_dnnl_eng_status == dnnl_success) pthread_key_create(&krn_dnnl_stream_key, krn_dnnl_stream_dtor);
+}
+
+eng_status krn_dnnl_engine(dnnl_engine_t *out) {
+    pthread_once(&krn_dnnl_once, krn_dnnl_init_once);
+    *out = krn_dnnl_eng;
+    if (krn_dnnl_eng_status != dnnl_success)
+        return krn_dnnl_fail(krn_dnnl_eng_status, "dnnl_engine_create(cpu)", __func__, __FILE__, __LINE__);
+    return ENG_STATUS_OK;
+}
+
+eng_status krn_dnnl_stream(dnnl_stream_t *out) {
+    if (krn_dnnl_tls_stream) {
+        *out = krn_dnnl_tls_stream;
+        return ENG_STATUS_OK;
+    }
+    dnnl_engine_t eng;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    KRN_DNNL_CHECK(dnnl_stream_create(&krn_dnnl_tls_stream, eng, dnnl_stream_default_flags));
+    pthread_setspecific(krn_dnnl_stream_key, krn_dnnl_tls_stream);
+    *out = krn_dnnl_tls_stream;
+    return ENG_STATUS_OK;
+}
+
+void krn_dnnl_set_threads(int n) {
+    if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+
+eng_status krn_dnnl_append_act(dnnl_post_ops_t po, const krn_nn_act_params *a) {
+    switch (a->kind) {
+    case KRN_NN_ACT_NONE: return ENG_STATUS_OK;
+    case KRN_NN_ACT_RELU: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, a->alpha, 0.f)); break;
+    case KRN_NN_ACT_CLIP: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_clip_v2, a->alpha, a->beta)); break;
+    case KRN_NN_ACT_SIGMOID: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_logistic, 0.f, 0.f)); break;
+    case KRN_NN_ACT_TANH: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_tanh, 0.f, 0.f)); break;
+    case KRN_NN_ACT_HARD_SIGMOID:
+        KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_linear, a->alpha, a->beta));
+        KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_clip_v2, 0.f, 1.f));
+        break;
+    case KRN_NN_ACT_GELU_ERF: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_gelu_erf, 0.f, 0.f)); break;
+    case KRN_NN_ACT_GELU_TANH: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_gelu_tanh, 0.f, 0.f)); break;
+    case KRN_NN_ACT_ELU: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_elu, a->alpha, 0.f)); break;
+    default: return eng_err(ENG_STATUS_INTERNAL, "unknown fused activation %d", a->kind);
+    }
+    return ENG_STATUS_OK;
+}
+
+eng_status krn_dnnl_prim(const void *op_desc, const_dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd_out,
+                         dnnl_primitive_t *prim_out) {
+    dnnl_engine_t eng;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    *pd_out = NULL;
+    *prim_out = NULL;
+    KRN_DNNL_CHECK(dnnl_primitive_desc_create(pd_out, op_desc, attr, eng, NULL));
+    dnnl_status_t s = dnnl_primitive_create(prim_out, *pd_out);
+    if (s != dnnl_success) {
+        dnnl_primitive_desc_destroy(*pd_out);
+        *pd_out = NULL;
+        return krn_dnnl_fail(s, "dnnl_primitive_create", __func__, __FILE__, __LINE__);
+    }
+    return ENG_STATUS_OK;
+}
+
+eng_status krn_dnnl_reorder_new(const dnnl_memory_desc_t *src_md, const void *src, const dnnl_memory_desc_t *dst_md,
+                                void **dst_out) {
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    ENG_TRY(krn_dnnl_stream(&stream));
+    size_t sz = dnnl_memory_desc_get_size(dst_md);
+    void *dst = eng_alloc(sz ? sz : 64);
+    if (!dst) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "packing weights: cannot allocate %zu bytes", sz);
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t ms = NULL, md = NULL;
+    eng_status st = ENG_STATUS_OK;
+    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&pd, src_md, eng, dst_md, eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&prim, pd);
+    if (s == dnnl_success) s = dnnl_memory_create(&ms, src_md, eng, (void *)src);
+    if (s == dnnl_success) s = dnnl_memory_create(&md, dst_md, eng, dst);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+        s = dnnl_primitive_execute(prim, stream, 2, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(stream);
+    }
+    if (s != dnnl_success) st = krn_dnnl_fail(s, "weight reorder", __func__, __FILE__, __LINE__);
+    if (ms) dnnl_memory_destroy(ms);
+    if (md) dnnl_memory_destroy(md);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (st != ENG_STATUS_OK) {
+        eng_free(dst);
+        return st;
+    }
+    *dst_out = dst;
+    return ENG_STATUS_OK;
+}
+
+#define KRN_ACT_BODY(T, EXP, TANH, ERF)                                                       \
+    switch (a->kind) {                                                                        \
+    case KRN_NN_ACT_RELU: return v > 0 ? v : v * (T)a->alpha;                                 \
+    case KRN_NN_ACT_CLIP: return v < (T)a->alpha ? (T)a->alpha : v > (T)a->beta ? (T)a->beta : v; \
+    case KRN_NN_ACT_SIGMOID: return (T)1 / ((T)1 + EXP(-v));                                  \
+    case KRN_NN_ACT_TANH: return TANH(v);                                                     \
+    case KRN_NN_ACT_HARD_SIGMOID: {                                                           \
+        T h = (T)a->alpha * v + (T)a->beta;                                                   \
+        return h < 0 ? 0 : h > 1 ? 1 : h;                                                     \
+    }                                                                                         \
+    case KRN_NN_ACT_GELU_ERF: return (T)0.5 * v * ((T)1 + ERF(v * (T)0.70710678118654752440)); \
+    case KRN_NN_ACT_GELU_TANH:                                                                \
+        return (T)0.5 * v * ((T)1 + TANH((T)0.79788456080286535588 * (v + (T)0.044715 * v * v * v))); \
+    case KRN_NN_ACT_ELU: return v >= 0 ? v : (T)a->alpha * (EXP(v) - (T)1);                   \
+    default: return v;                                                                        \
+    }
+
+static inline float krn_act1_f32(float v, const krn_nn_act_params *a) { KRN_ACT_BODY(float, expf, tanhf, erff) }
+static inline double krn_act1_f64(double v, const krn_nn_act_params *a) { KRN_ACT_BODY(double, exp, tanh, erf) }
+
+void krn_nn_act_apply_f32(float *x, int64_t n, const krn_nn_act_params *a, int nthreads) {
+    if (a->kind == KRN_NN_ACT_NONE) return;
+    if (nthreads < 1) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) x[i] = krn_act1_f32(x[i], a);
+}
+
+void krn_nn_act_apply_f64(double *x, int64_t n, const krn_nn_act_params *a) {
+    if (a->kind == KRN_NN_ACT_NONE) return;
+    for (int64_t i = 0; i < n; i++) x[i] = krn_act1_f64(x[i], a);
+}

@@ -1,0 +1,327 @@
+/* nn-conv.c - Conv / com.tensord FusedConv (oneDNN for float32, reference loops for float64 and as fallback)
+ * and ConvTranspose (reference loops).
+ *
+ * float32 Conv: the oneDNN primitive is built in init with plain NC[D][H]W source/destination, weights in the
+ * layout oneDNN prefers (constant weights reordered once in init; non-constant ones passed plain), bias, and
+ * post-ops in ONNX order: residual add (binary post-op reading Z in place) then the activation.
+ * Reference loops accumulate in double, cover 1-3 spatial dims by padding shapes to 3-D (missing dims are 1),
+ * and handle anything oneDNN refuses (a residual Z that oneDNN cannot broadcast, for example).
+ */
+#include <dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernel.h"
+#include "../krn-nn.h"
+
+typedef struct conv_state {
+    int use_dnnl;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    dnnl_memory_t msrc, mwei, mbias, mdst, mres;
+    void *wpack;
+    int wconst;
+} conv_state;
+
+void krn_cpu_conv_free(void *p) {
+    conv_state *s = p;
+    if (!s) return;
+    if (s->prim) dnnl_primitive_destroy(s->prim);
+    if (s->pd) dnnl_primitive_desc_destroy(s->pd);
+    if (s->msrc) dnnl_memory_destroy(s->msrc);
+    if (s->mwei) dnnl_memory_destroy(s->mwei);
+    if (s->mbias) dnnl_memory_destroy(s->mbias);
+    if (s->mdst) dnnl_memory_destroy(s->mdst);
+    if (s->mres) dnnl_memory_destroy(s->mres);
+    eng_free(s->wpack);
+    free(s);
+}
+
+static const dnnl_format_tag_t conv_plain_tags[7] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc,
+                                                     dnnl_abcd, dnnl_abcde, dnnl_abcdef};
+
+static eng_status conv_dnnl_build(krn_call *c, conv_state *s) {
+    const krn_conv_params *p = c->params;
+    const eng_tensor *x = &c->in[0], *w = &c->in[1], *y = &c->out[0];
+    int nsp = p->nspatial, nd = nsp + 2;
+    int64_t G = p->group, M = y->dims[1];
+    dnnl_dims_t sd, wd, bd, dd, st, dl, pl, pr;
+    for (int i = 0; i < nd; i++) sd[i] = x->dims[i], dd[i] = y->dims[i];
+    int wnd = G > 1 ? nd + 1 : nd;
+    if (G > 1) {
+        wd[0] = G, wd[1] = M / G, wd[2] = x->dims[1] / G;
+        for (int i = 0; i < nsp; i++) wd[3 + i] = w->dims[2 + i];
+    } else {
+        for (int i = 0; i < nd; i++) wd[i] = w->dims[i];
+    }
+    bd[0] = M;
+    for (int i = 0; i < nsp; i++) {
+        st[i] = p->strides[i];
+        dl[i] = p->dilations[i] - 1;
+        pl[i] = p->pads[i];
+        pr[i] = p->pads[nsp + i];
+    }
+    dnnl_memory_desc_t smd, wmd_any, wplain, bmd, dmd, rmd;
+    dnnl_format_tag_t stag = conv_plain_tags[nd], dtag = conv_plain_tags[nd];
+    if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED) stag = sd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
+    if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = dd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, nd, sd, dnnl_f32, stag));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, dd, dnnl_f32, dtag));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wplain, wnd, wd, dnnl_f32, conv_plain_tags[wnd]));
+    s->wconst = (c->const_mask >> 1) & 1;
+    if (s->wconst) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wmd_any, wnd, wd, dnnl_f32, dnnl_format_tag_any));
+    else wmd_any = wplain;
+    int has_b = c->nin > 2 && c->in[2].dtype != ENG_DTYPE_UNDEFINED;
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a));
+    dnnl_convolution_desc_t cd;
+    KRN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &smd,
+                                                              &wmd_any, has_b ? &bmd : NULL, &dmd, st, dl, pl, pr));
+    dnnl_primitive_attr_t attr;
+    dnnl_post_ops_t po;
+    KRN_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+    if (dnnl_post_ops_create(&po) != dnnl_success) {
+        dnnl_primitive_attr_destroy(attr);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv post-ops");
+    }
+    eng_status est = ENG_STATUS_OK;
+    int has_res = p->has_residual && c->nin > 3 && c->in[3].dtype != ENG_DTYPE_UNDEFINED;
+    if (has_res) {
+        const eng_tensor *z = &c->in[3];
+        dnnl_dims_t zd;
+        for (int i = 0; i < nd; i++) zd[i] = 1;
+        for (int i = 0; i < z->ndim; i++) zd[nd - z->ndim + i] = z->dims[i];
+        dnnl_format_tag_t ztag = conv_plain_tags[nd];
+        if (p->y_layout == KRN_NN_LAYOUT_BLOCKED && z->ndim == nd) ztag = dtag;
+        if (z->ndim > nd || dnnl_memory_desc_init_by_tag(&rmd, nd, zd, dnnl_f32, ztag) != dnnl_success ||
+            dnnl_post_ops_append_binary(po, dnnl_binary_add, &rmd) != dnnl_success)
+            est = ENG_STATUS_UNSUPPORTED;
+    }
+    if (est == ENG_STATUS_OK) est = krn_dnnl_append_act(po, &p->act);
+    if (est == ENG_STATUS_OK && dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success) est = ENG_STATUS_UNSUPPORTED;
+    if (est == ENG_STATUS_OK) est = krn_dnnl_prim(&cd, attr, &s->pd, &s->prim);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    ENG_TRY(est);
+    dnnl_engine_t eng;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(s->pd, dnnl_query_weights_md, 0);
+    if (s->wconst) {
+        ENG_TRY(krn_dnnl_reorder_new(&wplain, w->data, wmd, &s->wpack));
+        KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, s->wpack));
+    } else {
+        KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, DNNL_MEMORY_NONE));
+    }
+    KRN_DNNL_CHECK(dnnl_memory_create(&s->msrc, &smd, eng, DNNL_MEMORY_NONE));
+    KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, &dmd, eng, DNNL_MEMORY_NONE));
+    if (has_b) KRN_DNNL_CHECK(dnnl_memory_create(&s->mbias, &bmd, eng, DNNL_MEMORY_NONE));
+    if (has_res) KRN_DNNL_CHECK(dnnl_memory_create(&s->mres, &rmd, eng, DNNL_MEMORY_NONE));
+    s->use_dnnl = 1;
+    return ENG_STATUS_OK;
+}
+
+eng_status krn_cpu_conv_init(krn_call *c) {
+    if (c->in[0].dtype != ENG_DTYPE_F32 || eng_tensor_numel(&c->out[0]) == 0 || eng_tensor_numel(&c->in[0]) == 0)
+        return ENG_STATUS_OK;
+    const krn_conv_params *p = c->params;
+    conv_state *s = calloc(1, sizeof *s);
+    if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv state");
+    krn_dnnl_set_threads(c->nthreads);
+    eng_status st = conv_dnnl_build(c, s);
+    if (st == ENG_STATUS_OK && (getenv("TENSORD_CONV_REF") == NULL || p->x_layout || p->y_layout)) {
+        c->state = s;
+        return ENG_STATUS_OK;
+    }
+    krn_cpu_conv_free(s);
+    if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
+    if (p->x_layout || p->y_layout) return st; /* reference loops only read/write plain layouts */
+    if (st != ENG_STATUS_OK && getenv("TENSORD_NN_DEBUG")) fprintf(stderr, "conv: oneDNN refused (%s); reference loops\n", eng_last_error());
+    eng_err_clear();
+    return ENG_STATUS_OK; /* reference loops */
+}
+
+/* ---- reference ---- */
+
+typedef struct conv_geo {
+    int64_t N, C, M, G, Cg, Mg;
+    int64_t in[3], out[3], k[3], s[3], d[3], pb[3];
+} conv_geo;
+
+static void conv_geo_get(const krn_conv_params *p, const eng_tensor *x, const eng_tensor *y, conv_geo *g) {
+    int nsp = p->nspatial, off = 3 - nsp;
+    g->N = x->dims[0], g->C = x->dims[1], g->M = y->dims[1], g->G = p->group;
+    g->Cg = g->C / g->G, g->Mg = g->M / g->G;
+    for (int i = 0; i < 3; i++) g->in[i] = g->out[i] = g->k[i] = g->s[i] = g->d[i] = 1, g->pb[i] = 0;
+    for (int i = 0; i < nsp; i++) {
+        g->in[off + i] = x->dims[2 + i];
+        g->out[off + i] = y->dims[2 + i];
+        g->k[off + i] = p->kernel[i];
+        g->s[off + i] = p->strides[i];
+        g->d[off + i] = p->dilations[i];
+        g->pb[off + i] = p->pads[i];
+    }
+}
+
+/* Residual Z (broadcast into Y's shape) element for flat Y index i. */
+static double conv_res_get(const eng_tensor *z, const eng_tensor *y, int64_t i) {
+    int64_t off = 0, acc = 1;
+    for (int d = y->ndim - 1; d >= 0; d--) {
+        int64_t idx = i % y->dims[d];
+        i /= y->dims[d];
+        int zd = d - (y->ndim - z->ndim);
+        if (zd >= 0) {
+            if (z->dims[zd] != 1) off += idx * acc;
+            acc *= z->dims[zd];
+        }
+    }
+    return eng_tensor_get_f64(z, off);
+}
+
+#define CONV_REF_IMPL(NAME, T)                                                                                 \
+    static void NAME(const krn_call *c, const conv_geo *g) {                                                   \
+        const T *X = c->in[0].data, *W = c->in[1].data;                                                        \
+        const T *B = c->nin > 2 ? c->in[2].data : NULL;                                                        \
+        T *Y = c->out[0].data;                                                                                 \
+        int64_t osz = g->out[0] * g->out[1] * g->out[2], isz = g->in[0] * g->in[1] * g->in[2];                 \
+        int64_t ksz = g->k[0] * g->k[1] * g->k[2];                                                             \
+        _Pragma("omp parallel for num_threads(c->nthreads) schedule(static)")                                  \
+        for (int64_t nm = 0; nm < g->N * g->M; nm++) {                                                         \
+            int64_t n = nm / g->M, m = nm % g->M, grp = m / g->Mg;                                             \
+            for (int64_t o0 = 0; o0 < g->out[0]; o0++)                                                         \
+                for (int64_t o1 = 0; o1 < g->out[1]; o1++)                                                     \
+                    for (int64_t o2 = 0; o2 < g->out[2]; o2++) {                                               \
+                        double acc = B ? (double)B[m] : 0.0;                                                   \
+                        for (int64_t ci = 0; ci < g->Cg; ci++) {                                               \
+                            const T *xp = X + (n * g->C + grp * g->Cg + ci) * isz;                             \
+                            const T *wp = W + (m * g->Cg + ci) * ksz;                                          \
+                            for (int64_t k0 = 0; k0 < g->k[0]; k0++) {                                         \
+                                int64_t i0 = o0 * g->s[0] - g->pb[0] + k0 * g->d[0];                           \
+                                if (i0 < 0 || i0 >= g->in[0]) continue;                                        \
+                                for (int64_t k1 = 0; k1 < g->k[1]; k1++) {                                     \
+                                    int64_t i1 = o1 * g->s[1] - g->pb[1] + k1 * g->d[1];                       \
+                                    if (i1 < 0 || i1 >= g->in[1]) continue;                                    \
+                                    for (int64_t k2 = 0; k2 < g->k[2]; k2++) {                                 \
+                                        int64_t i2 = o2 * g->s[2] - g->pb[2] + k2 * g->d[2];                   \
+                                        if (i2 < 0 || i2 >= g->in[2]) continue;                                \
+                                        acc += (double)xp[(i0 * g->in[1] + i1) * g->in[2] + i2] *              \
+                                               (double)wp[(k0 * g->k[1] + k1) * g->k[2] + k2];                 \
+                                    }                                                                          \
+                                }                                                                              \
+                            }                                                                                  \
+                        }                                                                                      \
+                        Y[nm * osz + (o0 * g->out[1] + o1) * g->out[2] + o2] = (T)acc;                         \
+                    }                                                                                          \
+        }                                                                                                      \
+    }
+
+CONV_REF_IMPL(conv_ref_f32, float)
+CONV_REF_IMPL(conv_ref_f64, double)
+
+static eng_status conv_exec_ref(krn_call *c) {
+    const krn_conv_params *p = c->params;
+    conv_geo g;
+    conv_geo_get(p, &c->in[0], &c->out[0], &g);
+    eng_tensor *y = &c->out[0];
+    int64_t n = eng_tensor_numel(y);
+    if (n == 0) return ENG_STATUS_OK;
+    int has_res = p->has_residual && c->nin > 3 && c->in[3].data;
+    if (y->dtype == ENG_DTYPE_F32) {
+        conv_ref_f32(c, &g);
+        float *Y = y->data;
+        if (has_res)
+            for (int64_t i = 0; i < n; i++) Y[i] += (float)conv_res_get(&c->in[3], y, i);
+        krn_nn_act_apply_f32(Y, n, &p->act, c->nthreads);
+    } else if (y->dtype == ENG_DTYPE_F64) {
+        conv_ref_f64(c, &g);
+        double *Y = y->data;
+        if (has_res)
+            for (int64_t i = 0; i < n; i++) Y[i] += conv_res_get(&c->in[3], y, i);
+        krn_nn_act_apply_f64(Y, n, &p->act);
+    } else {
+        return eng_err(ENG_STATUS_UNSUPPORTED, "conv dtype %s", eng_dtype_name(y->dtype));
+    }
+    return ENG_STATUS_OK;
+}
+
+eng_status krn_cpu_conv_exec(krn_call *c) {
+    conv_state *s = c->state;
+    if (!s || !s->use_dnnl) return conv_exec_ref(c);
+    dnnl_stream_t stream;
+    ENG_TRY(krn_dnnl_stream(&stream));
+    krn_dnnl_set_threads(c->nthreads);
+    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, c->in[0].data));
+    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, c->out[0].data));
+    if (!s->wconst) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
+    int na = 3;
+    if (s->mbias) {
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, c->in[2].data));
+        args[na].arg = DNNL_ARG_BIAS, args[na++].memory = s->mbias;
+    }
+    if (s->mres) {
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mres, c->in[3].data));
+        args[na].arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, args[na++].memory = s->mres;
+    }
+    KRN_DNNL_CHECK(dnnl_primitive_execute(s->prim, stream, na, args));
+    KRN_DNNL_CHECK(dnnl_stream_wait(stream));
+    return ENG_STATUS_OK;
+}
+
+/* ---- ConvTranspose (reference): y[n, g*Mg+m, o] += x[n, g*Cg+c, i] * W[g*Cg+c, m, k], o = i*s - pb + k*d ---- */
+
+#define CONVT_REF_IMPL(NAME, T)                                                                                \
+    static void NAME(const krn_call *c, const conv_geo *g) {                                                   \
+        const T *X = c->in[0].data, *W = c->in[1].data;                                                        \
+        const T *B = c->nin > 2 ? c->in[2].data : NULL;                                                        \
+        T *Y = c->out[0].data;                                                                                 \
+        int64_t osz = g->out[0] * g->out[1] * g->out[2], isz = g->in[0] * g->in[1] * g->in[2];                 \
+        int64_t ksz = g->k[0] * g->k[1] * g->k[2];                                                             \
+        _Pragma("omp parallel for num_threads(c->nthreads) schedule(static)")                                  \
+        for (int64_t nm = 0; nm < g->N * g->M; nm++) {                                                         \
+            int64_t n = nm / g->M, m = nm % g->M, grp = m / g->Mg, mg = m % g->Mg;                             \
+            T *yp = Y + nm * osz;                                                                              \
+            for (int64_t i = 0; i < osz; i++) yp[i] = B ? B[m] : (T)0;                                         \
+            for (int64_t ci = 0; ci < g->Cg; ci++) {                                                           \
+                int64_t cin = grp * g->Cg + ci;                                                                \
+                const T *xp = X + (n * g->C + cin) * isz;                                                      \
+                const T *wp = W + (cin * g->Mg + mg) * ksz;                                                    \
+                for (int64_t i0 = 0; i0 < g->in[0]; i0++)                                                      \
+                    for (int64_t i1 = 0; i1 < g->in[1]; i1++)                                                  \
+                        for (int64_t i2 = 0; i2 < g->in[2]; i2++) {                                            \
+                            T xv = xp[(i0 * g->in[1] + i1) * g->in[2] + i2];                                   \
+                            for (int64_t k0 = 0; k0 < g->k[0]; k0++) {                                         \
+                                int64_t o0 = i0 * g->s[0] - g->pb[0] + k0 * g->d[0];                           \
+                                if (o0 < 0 || o0 >= g->out[0]) continue;                                       \
+                                for (int64_t k1 = 0; k1 < g->k[1]; k1++) {                                     \
+                                    int64_t o1 = i1 * g->s[1] - g->pb[1] + k1 * g->d[1];                       \
+                                    if (o1 < 0 || o1 >= g->out[1]) continue;                                   \
+                                    for (int64_t k2 = 0; k2 < g->k[2]; k2++) {                                 \
+                                        int64_t o2 = i2 * g->s[2] - g->pb[2] + k2 * g->d[2];                   \
+                                        if (o2 < 0 || o2 >= g->out[2]) continue;                               \
+                                        yp[(o0 * g->out[1] + o1) * g->out[2] + o2] +=                          \
+                                            xv * wp[(k0 * g->k[1] + k1) * g->k[2] + k2];                       \
+                                    }                                                                          \
+                                }                                                                              \
+                            }                                                                                  \
+                        }                                                                                      \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
+CONVT_REF_IMPL(convt_ref_f32, float)
+CONVT_REF_IMPL(convt_ref_f64, double)
+
+eng_status krn_cpu_convt_exec(krn_call *c) {
+    const krn_conv_params *p = c->params;
+    conv_geo g;
+    /* geometry with the roles of input/output spatial dims as in the forward conv over y */
+    conv_geo_get(p, &c->in[0], &c->out[0], &g);
+    g.C = c->in[0].dims[1];
+    g.M = c->out[0].dims[1];
+    g.Cg = g.C / g.G, g.Mg = g.M / g.G;
+    if (eng_tensor_numel(&c->out[0]) == 0) return ENG_STATUS_OK;
+    if (c->out[0].dtype == ENG_DTYPE_F32) convt_ref_f32(c, &g);
+    else if (c->out[0].dtype == ENG_DTYPE_F64) convt_ref_f64(c, &g);
+    else return eng_err(ENG_STATUS_UNSUPPORTED, "conv_transpose dtype %s", eng_dtype_name(c->out[0].dtype));
+    return ENG_STATUS_OK;
+}

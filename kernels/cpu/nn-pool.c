@@ -1,0 +1,248 @@
+/* nn-pool.c - MaxPool (with optional Indices), AveragePool, LpPool and the Global* forms on the CPU.
+ *
+ * One loop nest over 1-3 spatial dims (shapes padded to 3-D with 1s), parallel over (n, c) planes.
+ * Padding semantics follow onnxruntime: padded cells never win a max; AveragePool divides by the number of
+ * real cells, or with count_include_pad by the cells inside [-pad_begin, in + pad_end) (so ceil_mode windows
+ * that run past the end padding are clipped). Indices are flat offsets into X in row-major (storage_order 0)
+ * or column-major (1) spatial order, counting the batch and channel planes before them.
+ * Types: float32/float64/float16 for all; int8/uint8 for MaxPool.
+ */
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../kernel.h"
+#include "../krn-nn.h"
+
+typedef struct pool_geo {
+    int64_t planes, in[3], out[3], k[3], s[3], d[3], pb[3], pe[3];
+} pool_geo;
+
+static void pool_geo_get(const krn_pool_params *p, const eng_tensor *x, const eng_tensor *y, pool_geo *g) {
+    int nsp = p->nspatial, off = 3 - nsp;
+    g->planes = x->dims[0] * x->dims[1];
+    for (int i = 0; i < 3; i++) g->in[i] = g->out[i] = g->k[i] = g->s[i] = g->d[i] = 1, g->pb[i] = g->pe[i] = 0;
+    for (int i = 0; i < nsp; i++) {
+        g->in[off + i] = x->dims[2 + i];
+        g->out[off + i] = y->dims[2 + i];
+        g->k[off + i] = p->kernel[i];
+        g->s[off + i] = p->strides[i];
+        g->d[off + i] = p->dilations[i];
+        g->pb[off + i] = p->pads[i];
+        g->pe[off + i] = p->pads[nsp + i];
+    }
+}
+
+/* Cells of window (start o*s - pb, k cells, step d) counted by count_include_pad: inside [-pb, in + pe). */
+static inline int64_t pool_padded_count(int64_t start, int64_t k, int64_t d, int64_t lo, int64_t hi) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < k; j++) {
+        int64_t i = start + j * d;
+        n += i >= lo && i < hi;
+    }
+    return n;
+}
+
+#define POOL_IMPL(NAME, T, LOAD, STORE, LOWEST)                                                                \
+    static void NAME(const krn_call *c, const pool_geo *g) {                                                   \
+        const krn_pool_params *p = c->params;                                                                  \
+        const T *X = c->in[0].data;                                                                            \
+        T *Y = c->out[0].data;                                                                                 \
+        int64_t *I = c->nout > 1 ? c->out[1].data : NULL;                                                      \
+        int64_t isz = g->in[0] * g->in[1] * g->in[2], osz = g->out[0] * g->out[1] * g->out[2];                 \
+        int kind = p->kind, cip = p->count_include_pad, colmaj = p->storage_order == 1;                        \
+        double pw = p->p;                                                                                      \
+        _Pragma("omp parallel for num_threads(c->nthreads) schedule(static) if (g->planes * osz > 4096)")      \
+        for (int64_t pl = 0; pl < g->planes; pl++) {                                                           \
+            const T *xp = X + pl * isz;                                                                        \
+            for (int64_t o0 = 0; o0 < g->out[0]; o0++)                                                         \
+                for (int64_t o1 = 0; o1 < g->out[1]; o1++)                                                     \
+                    for (int64_t o2 = 0; o2 < g->out[2]; o2++) {                                               \
+                        int64_t s0 = o0 * g->s[0] - g->pb[0], s1 = o1 * g->s[1] - g->pb[1];                    \
+                        int64_t s2 = o2 * g->s[2] - g->pb[2];                                                  \
+                        double acc = kind == KRN_POOL_MAX ? (double)(LOWEST) : 0.0;                            \
+                        int64_t cnt = 0, best = -1;                                                            \
+                        for (int64_t k0 = 0; k0 < g->k[0]; k0++) {                                             \
+                            int64_t i0 = s0 + k0 * g->d[0];                                                    \
+                            if (i0 < 0 || i0 >= g->in[0]) continue;                                            \
+                            for (int64_t k1 = 0; k1 < g->k[1]; k1++) {                                         \
+                                int64_t i1 = s1 + k1 * g->d[1];                                                \
+                                if (i1 < 0 || i1 >= g->in[1]) continue;                                        \
+                                for (int64_t k2 = 0; k2 < g->k[2]; k2++) {                                     \
+                                    int64_t i2 = s2 + k2 * g->d[2];                                            \
+                                    if (i2 < 0 || i2 >= g->in[2]) continue;                                    \
+                                    int64_t idx = (i0 * g->in[1] + i1) * g->in[2] + i2;                        \
+                                    double v = LOAD(xp[idx]);                                                  \
+                                    if (kind == KRN_POOL_MAX) {                                                \
+                                        if (v > acc || best < 0) acc = v, best = idx;                          \
+                                    } else if (kind == KRN_POOL_AVG) acc += v;                                 \
+                                    else acc += pw == 2.0 ? v * v : pow(fabs(v), pw);                          \
+                                    cnt++;                                                                     \
+                                }                                                                              \
+                            }                                                                                  \
+                        }                                                                                      \
+                        int64_t oi = pl * osz + (o0 * g->out[1] + o1) * g->out[2] + o2;                        \
+                        if (kind == KRN_POOL_AVG) {                                                            \
+                            if (cip)                                                                           \
+                                cnt = pool_padded_count(s0, g->k[0], g->d[0], -g->pb[0], g->in[0] + g->pe[0]) * \
+                                      pool_padded_count(s1, g->k[1], g->d[1], -g->pb[1], g->in[1] + g->pe[1]) * \
+                                      pool_padded_count(s2, g->k[2], g->d[2], -g->pb[2], g->in[2] + g->pe[2]); \
+                            acc = cnt ? acc / (double)cnt : 0.0;                                               \
+                        } else if (kind == KRN_POOL_LP) {                                                      \
+                            acc = pw == 2.0 ? sqrt(acc) : pow(acc, 1.0 / pw);                                  \
+                        }                                                                                      \
+                        Y[oi] = STORE(acc);                                                                    \
+                        if (I) {                                                                               \
+                            int64_t bi = best < 0 ? 0 : best;                                                  \
+                            if (colmaj) {                                                                      \
+                                int64_t i2 = bi % g->in[2], r = bi / g->in[2];                                 \
+                                int64_t i1 = r % g->in[1], i0 = r / g->in[1];                                  \
+                                bi = (i2 * g->in[1] + i1) * g->in[0] + i0;                                     \
+                            }                                                                                  \
+                            I[oi] = pl * isz + bi;                                                             \
+                        }                                                                                      \
+                    }                                                                                          \
+        }                                                                                                      \
+    }
+
+#define POOL_ID(v) (v)
+#define POOL_F16_LOAD(v) ((double)eng_f16_to_f32(v))
+#define POOL_F16_STORE(v) eng_f32_to_f16((float)(v))
+#define POOL_F32_STORE(v) ((float)(v))
+#define POOL_I8_STORE(v) ((int8_t)(v))
+#define POOL_U8_STORE(v) ((uint8_t)(v))
+
+POOL_IMPL(pool_ref_f64, double, POOL_ID, POOL_ID, -DBL_MAX)
+POOL_IMPL(pool_ref_f16, uint16_t, POOL_F16_LOAD, POOL_F16_STORE, -65504.0)
+POOL_IMPL(pool_ref_i8, int8_t, POOL_ID, POOL_I8_STORE, -128)
+POOL_IMPL(pool_ref_u8, uint8_t, POOL_ID, POOL_U8_STORE, 0)
+POOL_IMPL(pool_ref_f32, float, POOL_ID, POOL_F32_STORE, -FLT_MAX)
+
+/* Fast float32 path for the common 2-D MaxPool without padding/dilation/indices: plain float compares. */
+static int pool_max2d_f32_fast(const krn_call *c, const pool_geo *g) {
+    const krn_pool_params *p = c->params;
+    if (p->kind != KRN_POOL_MAX || c->nout > 1 || g->d[1] != 1 || g->d[2] != 1 || g->pb[1] || g->pb[2] ||
+        g->in[0] != 1 || g->k[0] != 1)
+        return 0;
+    /* every window must lie inside the input */
+    if ((g->out[1] - 1) * g->s[1] + g->k[1] > g->in[1] || (g->out[2] - 1) * g->s[2] + g->k[2] > g->in[2]) return 0;
+    const float *X = c->in[0].data;
+    float *Y = c->out[0].data;
+    int64_t H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2], KH = g->k[1], KW = g->k[2];
+    int64_t SH = g->s[1], SW = g->s[2];
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (g->planes * OH * OW > 16384)
+    for (int64_t pl = 0; pl < g->planes; pl++) {
+        const float *xp = X + pl * H * W;
+        float *yp = Y + pl * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const float *w0 = xp + oh * SH * W + ow * SW;
+                float m = w0[0];
+                for (int64_t kh = 0; kh < KH; kh++)
+                    for (int64_t kw = 0; kw < KW; kw++) {
+                        float v = w0[kh * W + kw];
+                        m = v > m ? v : m;
+                    }
+                yp[oh * OW + ow] = m;
+            }
+    }
+    return 1;
+}
+
+/* X in the BLOCKED layout (nChw16c when C % 16 == 0, else NHWC): offset of element (n, c, h, w). */
+static inline int64_t pool_blk_off(int64_t n, int64_t ch, int64_t h, int64_t w, int64_t C, int64_t H, int64_t W) {
+    if (C % 16 == 0) return (((n * (C / 16) + ch / 16) * H + h) * W + w) * 16 + ch % 16;
+    return ((n * H + h) * W + w) * C + ch;
+}
+
+/* nChw16c float32 MaxPool without padding/dilation, and GlobalAveragePool/GlobalMaxPool: 16 channels a vector. */
+static int pool_blocked16_fast(const krn_call *c, const pool_geo *g) {
+    const krn_pool_params *p = c->params;
+    const eng_tensor *x = &c->in[0];
+    int64_t N = x->dims[0], C = x->dims[1], H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2];
+    if (C % 16 || c->nout > 1 || g->in[0] != 1) return 0;
+    int gmax = p->kind == KRN_POOL_MAX, gavg = p->kind == KRN_POOL_AVG;
+    if (!p->global && !(gmax && !g->pb[1] && !g->pb[2] && g->d[1] == 1 && g->d[2] == 1 &&
+                        (OH - 1) * g->s[1] + g->k[1] <= H && (OW - 1) * g->s[2] + g->k[2] <= W))
+        return 0;
+    if (p->global && !gmax && !gavg) return 0;
+    const float *X = x->data;
+    float *Y = c->out[0].data;
+    int64_t CB = C / 16, KH = g->k[1], KW = g->k[2], SH = g->s[1], SW = g->s[2];
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * CB * OH * OW > 2048)
+    for (int64_t nb = 0; nb < N * CB; nb++) {
+        const float *xb = X + nb * H * W * 16;
+        int64_t n = nb / CB, cb = nb % CB;
+        float *yb = Y + (n * C + cb * 16) * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                __m512 acc;
+                if (p->global) {
+                    acc = gmax ? _mm512_set1_ps(-FLT_MAX) : _mm512_setzero_ps();
+                    for (int64_t i = 0; i < H * W; i++) {
+                        __m512 v = _mm512_loadu_ps(xb + i * 16);
+                        acc = gmax ? _mm512_max_ps(acc, v) : _mm512_add_ps(acc, v);
+                    }
+                    if (gavg) acc = _mm512_mul_ps(acc, _mm512_set1_ps(1.f / (float)(H * W)));
+                } else {
+                    const float *w0 = xb + (oh * SH * W + ow * SW) * 16;
+                    acc = _mm512_loadu_ps(w0);
+                    for (int64_t kh = 0; kh < KH; kh++)
+                        for (int64_t kw = 0; kw < KW; kw++) acc = _mm512_max_ps(acc, _mm512_loadu_ps(w0 + (kh * W + kw) * 16));
+                }
+                float tmp[16];
+                _mm512_storeu_ps(tmp, acc);
+                for (int j = 0; j < 16; j++) yb[j * OH * OW + oh * OW + ow] = tmp[j];
+            }
+    }
+    return 1;
+}
+
+/* Copy a BLOCKED 4-D float32 X into plain NCHW. */
+static void pool_unblock(const eng_tensor *x, float *dst, int nthreads) {
+    int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3];
+    const float *X = x->data;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t nc = 0; nc < N * C; nc++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t w = 0; w < W; w++)
+                dst[(nc * H + h) * W + w] = X[pool_blk_off(nc / C, nc % C, h, w, C, H, W)];
+}
+
+eng_status krn_cpu_pool_exec(krn_call *c) {
+    const krn_pool_params *p = c->params;
+    pool_geo g;
+    pool_geo_get(p, &c->in[0], &c->out[0], &g);
+    if (eng_tensor_numel(&c->out[0]) == 0) return ENG_STATUS_OK;
+    if (p->x_layout == KRN_NN_LAYOUT_BLOCKED) {
+        if (c->in[0].dtype != ENG_DTYPE_F32 || c->in[0].ndim != 4)
+            return eng_err(ENG_STATUS_INTERNAL, "blocked pool input must be 4-D float32");
+        if (pool_blocked16_fast(c, &g)) return ENG_STATUS_OK;
+        float *tmp = eng_alloc(eng_tensor_nbytes(&c->in[0]));
+        if (!tmp) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool: unblocking X");
+        pool_unblock(&c->in[0], tmp, c->nthreads);
+        eng_tensor xin = c->in[0];
+        xin.data = tmp;
+        krn_pool_params pp = *p;
+        pp.x_layout = KRN_NN_LAYOUT_PLAIN;
+        krn_call c2 = *c;
+        c2.in = &xin;
+        c2.params = &pp;
+        eng_status st = krn_cpu_pool_exec(&c2);
+        eng_free(tmp);
+        return st;
+    }
+    switch (c->in[0].dtype) {
+    case ENG_DTYPE_F32:
+        if (!pool_max2d_f32_fast(c, &g)) pool_ref_f32(c, &g);
+        break;
+    case ENG_DTYPE_F64: pool_ref_f64(c, &g); break;
+    case ENG_DTYPE_F16: pool_ref_f16(c, &g); break;
+    case ENG_DTYPE_I8: pool_ref_i8(c, &g); break;
+    case ENG_DTYPE_U8: pool_ref_u8(c, &g); break;
+    default: return eng_err(ENG_STATUS_UNSUPPORTED, "pool dtype %s", eng_dtype_name(c->in[0].dtype));
+    }
+    return ENG_STATUS_OK;
+}

@@ -1,0 +1,120 @@
+/* krn-nn.h - params of the "nn" kernel family (MatMul, Gemm, Conv, ConvTranspose, pooling and the fused
+ * com.tensord ops) plus the small oneDNN helper layer the nn kernels share.
+ *
+ * Params are plain structs filled by engine/ops/nn.c: prepare parses attributes, infer resolves everything
+ * shape-dependent (auto_pad -> explicit pads, kernel_shape from W, output shapes), so kernels never look at
+ * ONNX attributes. Spatial arrays hold up to KRN_NN_MAX_SPATIAL entries; pads are [begin..., end...].
+ * Activations fused into conv/matmul are applied after bias and after the residual add.
+ */
+#ifndef KRN_NN_H
+#define KRN_NN_H
+
+#include <stdint.h>
+
+#include "../engine/status.h"
+
+#define KRN_NN_MAX_SPATIAL 3
+
+typedef enum krn_nn_act {
+    KRN_NN_ACT_NONE = 0,
+    KRN_NN_ACT_RELU = 1,         /* alpha = negative slope (0 for Relu, LeakyRelu's alpha) */
+    KRN_NN_ACT_CLIP = 2,         /* alpha = min, beta = max */
+    KRN_NN_ACT_SIGMOID = 3,
+    KRN_NN_ACT_TANH = 4,
+    KRN_NN_ACT_HARD_SIGMOID = 5, /* max(0, min(1, alpha*x + beta)) */
+    KRN_NN_ACT_GELU_ERF = 6,
+    KRN_NN_ACT_GELU_TANH = 7,
+    KRN_NN_ACT_ELU = 8,          /* alpha */
+} krn_nn_act;
+
+typedef struct krn_nn_act_params {
+    int kind; /* krn_nn_act */
+    float alpha, beta;
+} krn_nn_act_params;
+
+/* Conv / ConvTranspose / com.tensord FusedConv. Inputs: X (N,C,spatial...), W, optional B (M), and for
+ * FusedConv an optional residual Z shaped like Y (added after bias, before the activation). */
+typedef struct krn_conv_params {
+    int nspatial;
+    int transposed;                          /* ConvTranspose */
+    int64_t group;
+    int64_t kernel[KRN_NN_MAX_SPATIAL];
+    int64_t strides[KRN_NN_MAX_SPATIAL];
+    int64_t dilations[KRN_NN_MAX_SPATIAL];
+    int64_t pads[2 * KRN_NN_MAX_SPATIAL];    /* resolved by infer (auto_pad applied) */
+    int64_t output_padding[KRN_NN_MAX_SPATIAL];
+    krn_nn_act_params act;
+    int has_residual;                        /* input 3 is Z */
+    int x_layout, y_layout;                  /* krn_nn_layout of X and of Y (and Z, which matches Y) */
+} krn_conv_params;
+
+/* Memory layout of a 4-D float32 activation that only nn kernels see (set by engine/fuse.c's layout pass).
+ * BLOCKED means oneDNN's nChw16c when C % 16 == 0, else NHWC: both hold exactly N*C*H*W floats, so the planner's
+ * buffer sizes stay right while the logical shape stays NCHW. */
+typedef enum krn_nn_layout {
+    KRN_NN_LAYOUT_PLAIN = 0,
+    KRN_NN_LAYOUT_BLOCKED = 1,
+} krn_nn_layout;
+
+typedef enum krn_pool_kind {
+    KRN_POOL_MAX = 0,
+    KRN_POOL_AVG = 1,
+    KRN_POOL_LP = 2,
+} krn_pool_kind;
+
+/* MaxPool / AveragePool / LpPool and their Global* forms (global: kernel = whole spatial extent). */
+typedef struct krn_pool_params {
+    int kind;                                /* krn_pool_kind */
+    int nspatial;
+    int global;
+    int64_t kernel[KRN_NN_MAX_SPATIAL];
+    int64_t strides[KRN_NN_MAX_SPATIAL];
+    int64_t dilations[KRN_NN_MAX_SPATIAL];
+    int64_t pads[2 * KRN_NN_MAX_SPATIAL];    /* resolved by infer */
+    int count_include_pad;
+    int storage_order;                       /* MaxPool Indices: 0 row-major, 1 column-major */
+    float p;                                 /* LpPool exponent */
+    int x_layout;                            /* krn_nn_layout of X (Y is always plain) */
+} krn_pool_params;
+
+/* MatMul / Gemm / com.tensord FusedMatMul / FusedGemm: Y = act(alpha * op(A) op(B) + beta * C).
+ * MatMul has numpy batch broadcasting; Gemm is 2-D with C broadcast to (M, N). */
+typedef struct krn_matmul_params {
+    int gemm;          /* Gemm semantics (2-D, trans flags, C) */
+    int trans_a, trans_b;
+    float alpha, beta;
+    int has_bias;      /* input 2 present (Gemm C, or FusedMatMul's bias) */
+    krn_nn_act_params act;
+} krn_matmul_params;
+
+/* ---- CPU-internal oneDNN helpers (kernels/cpu/dnnl.c); visible only to files that include dnnl.h first ---- */
+#ifdef ONEAPI_DNNL_DNNL_H
+/* Record "oneDNN call `stmt` failed: <status> (func at file:line)" and return ENG_STATUS_INTERNAL
+ * (ENG_STATUS_UNSUPPORTED for dnnl_unimplemented, so callers can fall back to a reference loop). */
+eng_status krn_dnnl_fail(dnnl_status_t s, const char *stmt, const char *func, const char *file, int line);
+#define KRN_DNNL_CHECK(stmt)                                                                     \
+    do {                                                                                         \
+        dnnl_status_t krn_s__ = (stmt);                                                          \
+        if (krn_s__ != dnnl_success) return krn_dnnl_fail(krn_s__, #stmt, __func__, __FILE__, __LINE__); \
+    } while (0)
+/* Process-wide CPU engine, created once (pthread_once); NULL + error on failure. Never freed. */
+eng_status krn_dnnl_engine(dnnl_engine_t *out);
+/* The calling thread's stream on that engine (created lazily, freed at thread exit). */
+eng_status krn_dnnl_stream(dnnl_stream_t *out);
+/* Set the calling thread's OpenMP thread count (oneDNN reads omp_get_max_threads()); n <= 0 leaves it. */
+void krn_dnnl_set_threads(int n);
+/* Append act as oneDNN eltwise post-op(s) (hard-sigmoid takes two). */
+eng_status krn_dnnl_append_act(dnnl_post_ops_t po, const krn_nn_act_params *act);
+/* Create a primitive from an op descriptor + attributes; *pd_out is kept (caller destroys it). */
+eng_status krn_dnnl_prim(const void *op_desc, const_dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd_out,
+                         dnnl_primitive_t *prim_out);
+/* Reorder src (memory desc + data) into a freshly eng_alloc'd buffer laid out as dst_md. */
+eng_status krn_dnnl_reorder_new(const dnnl_memory_desc_t *src_md, const void *src, const dnnl_memory_desc_t *dst_md,
+                                void **dst_out);
+#endif
+
+/* Apply an activation in place on n floats (reference/fallback paths). */
+void krn_nn_act_apply_f32(float *x, int64_t n, const krn_nn_act_params *act, int nthreads);
+void krn_nn_act_apply_f64(double *x, int64_t n, const krn_nn_act_params *act);
+
+#endif
