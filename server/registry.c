@@ -852,3 +852,10 @@ int srv_registry_ready(srv_registry *r) {
     pthread_mutex_unlock(&r->mu);
     return ready;
 }
+
+int srv_registry_has_model(srv_registry *r, const char *model) {
+    pthread_mutex_lock(&r->mu);
+    int has = model && find_model(r, model) != NULL;
+    pthread_mutex_unlock(&r->mu);
+    return has;
+}

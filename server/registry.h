@@ -124,6 +124,9 @@ srv_code srv_registry_status(srv_registry *r, const char *model, int64_t version
                              srv_version_status **out, int *n, srv_error *err);
 void srv_status_free(srv_version_status *s, int n);
 
+/* 1 if the model is configured (whatever the state of its versions). */
+int srv_registry_has_model(srv_registry *r, const char *model);
+
 /* 1 when every configured model has at least one AVAILABLE version (health/ready). */
 int srv_registry_ready(srv_registry *r);
 

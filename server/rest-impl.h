@@ -9,6 +9,7 @@
 #ifndef SRV_REST_IMPL_H
 #define SRV_REST_IMPL_H
 
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -26,6 +27,8 @@ struct srv_rest {
     char *metrics_path;
     atomic_int inflight;
     atomic_int quiescing;
+    int limit_active;     /* --rest_api_num_threads > 0: at most that many requests processed at once */
+    sem_t active;
 };
 
 typedef struct srv_reply {

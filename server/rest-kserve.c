@@ -110,8 +110,10 @@ static void srv_kserve_metadata(const srv_rest_req *q, const char *model, int64_
 static void srv_kserve_ready(const srv_rest_req *q, const char *model, int64_t version, srv_reply *o) {
     srv_error err = {0};
     srv_version *v = srv_registry_acquire(q->r->reg, model, version, NULL, &err);
-    if (!v) {
-        srv_reply_error(o, 503, err.msg);
+    if (!v) { /* unknown model or version: 404; a configured model with nothing available (yet): 503 */
+        int code = err.code == SRV_NOT_FOUND ? 404 : 503;
+        if (code == 404 && version <= 0 && srv_registry_has_model(q->r->reg, model)) code = 503;
+        srv_reply_error(o, code, err.msg);
         return;
     }
     srv_version_release(v);

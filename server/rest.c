@@ -203,7 +203,9 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
     if (cn->replied) return MHD_YES;
     if (cn->too_big) return srv_rest_413(r, c, cn);
     srv_reply o = {0};
+    if (r->limit_active) sem_wait(&r->active);
     srv_rest_dispatch(r, c, url, method, cn, &o);
+    if (r->limit_active) sem_post(&r->active);
     cn->replied = 1;
     return srv_rest_send(r, c, &o);
 }
@@ -221,6 +223,33 @@ static void srv_rest_done(void *cls, struct MHD_Connection *c, void **con_cls, e
 }
 
 /* Make room for the connection limit plus the pool's own descriptors. */
+static int srv_rest_hex(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* URL unescaping for MHD: %XX decoding, except that %00 stays as written, so a NUL can never cut a model
+ * name short (".../models/m%00" must not address model "m"); the literal '%' then fails name validation. */
+static size_t srv_rest_unescape(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls;
+    (void)c;
+    char *w = s;
+    for (const char *p = s; *p; p++) {
+        int hi, lo;
+        if (p[0] == '%' && p[1] && p[2] && (hi = srv_rest_hex(p[1])) >= 0 && (lo = srv_rest_hex(p[2])) >= 0 &&
+            (hi | lo) != 0) {
+            *w++ = (char)(hi * 16 + lo);
+            p += 2;
+        } else {
+            *w++ = *p;
+        }
+    }
+    *w = 0;
+    return (size_t)(w - s);
+}
+
 static void srv_rest_raise_nofile(int connection_limit, int nthreads) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
@@ -240,8 +269,11 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
         srv_err(err, SRV_INVALID_ARGUMENT, "bad REST port %d", d.port);
         return NULL;
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int nthreads = d.nthreads > 0 ? d.nthreads : (int)(ncpu > 0 ? 4 * ncpu : 4);
+    /* A thread per connection, so a long inference (or a request waiting in the batcher) never holds up other
+     * connections, and concurrent connections can fill a batch. nthreads > 0 (TF Serving's
+     * --rest_api_num_threads) bounds how many requests are processed at once, not which connection may run. */
+    int per_conn = 1;
+    int nthreads = 1;
     if (nthreads > 1024) nthreads = 1024;
     int climit = d.connection_limit > 0 ? d.connection_limit : 2048;
     if (climit < nthreads) climit = nthreads; /* MHD splits the limit across the pool */
@@ -272,6 +304,10 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     r->max_body = d.max_body_bytes > 0 ? d.max_body_bytes : (size_t)64 << 20;
     r->timeout_ms = d.request_timeout_ms > 0 ? d.request_timeout_ms : 0;
     r->metrics_enabled = d.metrics_enabled;
+    if (d.nthreads > 0) {
+        r->limit_active = 1;
+        sem_init(&r->active, 0, (unsigned)(d.nthreads > 65535 ? 65535 : d.nthreads));
+    }
     r->metrics_path = strdup(d.metrics_path && *d.metrics_path ? d.metrics_path : "/monitoring/prometheus/metrics");
     if (!r->metrics_path) {
         free(r);
@@ -282,8 +318,9 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
 
     unsigned base = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     unsigned modes[2] = {base | MHD_USE_EPOLL, base | MHD_USE_POLL};
+    if (per_conn) modes[0] = modes[1] = base | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
     for (int i = 0; i < 2 && !r->d; i++) {
-        if (i == 0 && MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES) continue;
+        if (i == 0 && !per_conn && MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES) continue;
         struct MHD_OptionItem ops[] = {
             {MHD_OPTION_SOCK_ADDR, 0, &sa},
             {MHD_OPTION_CONNECTION_LIMIT, climit, NULL},
@@ -292,7 +329,8 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
             {MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, NULL},
             {MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, NULL},
             {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)srv_rest_done, r},
-            {nthreads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, nthreads, NULL},
+            {MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)srv_rest_unescape, NULL},
+            {per_conn ? MHD_OPTION_THREAD_STACK_SIZE : MHD_OPTION_THREAD_POOL_SIZE, per_conn ? (intptr_t)(2 << 20) : nthreads, NULL},
             {MHD_OPTION_END, 0, NULL},
         };
         r->d = MHD_start_daemon(modes[i], (uint16_t)port, NULL, NULL, srv_rest_access, r, MHD_OPTION_ARRAY, ops,
@@ -301,6 +339,7 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     if (!r->d) {
         srv_err(err, SRV_UNAVAILABLE, "cannot start the HTTP server on %s:%d (port in use or not permitted)", host,
                 port);
+        if (r->limit_active) sem_destroy(&r->active);
         free(r->metrics_path);
         free(r);
         return NULL;
@@ -320,6 +359,7 @@ void srv_rest_stop(srv_rest **pr) {
     if (!pr || !*pr) return;
     srv_rest *r = *pr;
     if (r->d) MHD_stop_daemon(r->d);
+    if (r->limit_active) sem_destroy(&r->active);
     free(r->metrics_path);
     free(r);
     *pr = NULL;

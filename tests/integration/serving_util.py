@@ -100,6 +100,8 @@ class Server:
             self.port = free_port()
             self.stderr_path = os.path.join(self.tmp, f"tensord-{self.port}-{self._n}.stderr")
             self.args = self.cmd(self.port)
+            if self.errf:
+                self.errf.close()
             self.errf = open(self.stderr_path, "w+b")
             self.proc = subprocess.Popen(self.args, stdout=self.errf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True)
@@ -145,6 +147,7 @@ class Server:
         except subprocess.TimeoutExpired:
             self.kill()
             pytest.fail(f"tensord did not exit within {timeout} s of SIGTERM (hang)\n{self.describe()}")
+        self.stopped = True
         text = self.stderr()
         assert rc == 0, f"tensord exited with status {rc} after SIGTERM (negative: killed by signal {-rc})\n{self.describe()}"
         for mark in SANITIZER_MARKS:
@@ -155,7 +158,6 @@ class Server:
         """SIGTERM, then assert exit 0 (also when the process already exited on its own: that must have been 0)."""
         if self.proc is None or self.stopped:
             return
-        self.stopped = True
         if self.proc.poll() is None:
             self.signal(signal.SIGTERM)
         try:
@@ -231,8 +233,7 @@ class Server:
 
 def server_fixture_finalize(srv):
     """For module fixtures: stop with SIGTERM and assert exit 0 (a failure here shows up as a teardown error)."""
-    if srv.alive():
-        srv.stop()
+    srv.stop()
 
 
 # ----------------------------------------------------------------------------------------------------------------

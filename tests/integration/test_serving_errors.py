@@ -140,12 +140,15 @@ def test_huge_declared_shape(srv, model):
     rss0 = srv.rss_kib()
     t0 = time.monotonic()
     u.check_error(infer(srv, kin([1099511627776, 1024], [1, 2, 3, 4])), 400, "features")
+    # exactly 2^40 elements with the signature's trailing dim, so only the element count can reject it
+    u.check_error(infer(srv, kin([274877906944, 4], [1, 2, 3, 4])), 400, "features")
     u.check_error(infer(srv, kin([4294967296, 4294967296, 16], [1, 2, 3, 4])), 400)  # product overflows int64
-    hdr = json.dumps({"inputs": [{"name": "features", "shape": [1099511627776, 1024], "datatype": "FP32",
-                                  "parameters": {"binary_data_size": 16}}]}).encode()
-    r = srv.post("/v2/models/m/infer", data=hdr + np.zeros(4, "<f4").tobytes(),
-                 headers={"Inference-Header-Content-Length": str(len(hdr)), "Content-Type": "application/octet-stream"})
-    u.check_error(r, 400, "features")
+    for shape in ([1099511627776, 1024], [274877906944, 4]):
+        hdr = json.dumps({"inputs": [{"name": "features", "shape": shape, "datatype": "FP32",
+                                      "parameters": {"binary_data_size": 16}}]}).encode()
+        r = srv.post("/v2/models/m/infer", data=hdr + np.zeros(4, "<f4").tobytes(),
+                     headers={"Inference-Header-Content-Length": str(len(hdr)), "Content-Type": "application/octet-stream"})
+        u.check_error(r, 400, "features")
     hdr = json.dumps({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32",
                                   "parameters": {"binary_data_size": 1099511627776}}]}).encode()
     r = srv.post("/v2/models/m/infer", data=hdr + np.zeros(4, "<f4").tobytes(),
@@ -280,7 +283,12 @@ def test_body_65mib_curl(srv, model, tmp_path):
     ("POST", "/v1/models/m/versions/9:predict"), ("GET", "/v2/models/m/versions/9"),
     ("POST", "/v2/models/m/versions/9/infer")])
 def test_unknown_model_or_version(srv, model, method, path):
-    body = {"instances": [[1, 2, 3, 4]]} if "v1" in path else {"inputs": kin([1, 4], [1, 2, 3, 4])["inputs"]}
+    if "classify" in path:
+        body = {"examples": [{"features": [1, 2, 3, 4]}]}
+    elif "v1" in path:
+        body = {"instances": [[1, 2, 3, 4]]}
+    else:
+        body = kin([1, 4], [1, 2, 3, 4])
     r = srv.get(path) if method == "GET" else predict(srv, body, path)
     u.check_error(r, 404, "nope" if "nope" in path else "9")
     assert_serving(srv, model)
@@ -289,7 +297,10 @@ def test_unknown_model_or_version(srv, model, method, path):
 def test_unknown_model_ready(srv, model):
     for path in ("/v2/models/nope/ready", "/v2/models/m/versions/9/ready"):
         r = srv.get(path)
-        assert r.status_code in (400, 404), f"GET {path}: HTTP {r.status_code}"
+        # KServe v2: "A 200 status code indicates true and a 4xx status code indicates false"; an unknown model
+        # or version is not "loading" (503) but absent (Triton: 400; tensord's other endpoints: 404)
+        assert r.status_code in (400, 404), f"GET {path}: HTTP {r.status_code}, want 4xx (404) for an unknown model/version"
+        u.error_text(r)
 
 
 @pytest.mark.parametrize("method,path", [("GET", "/v1/models/m/labels/nope"),
@@ -500,6 +511,62 @@ def test_sigterm_drains_inflight(tmp_path):
         assert any(t_done > t_sig for _, _, _, t_done in results), \
             f"no request was still running at SIGTERM (rows={rows}, {per_row * 1e3:.1f} ms/row): the test proved nothing"
         s.wait_exit(timeout=60)
-        s.stopped = True
     finally:
         s.kill()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a slow request must not hold up other connections while HTTP threads are idle
+
+def test_slow_request_does_not_block_other_connections(tmp_path):
+    """4 HTTP threads; 24 keep-alive connections opened at once; 2 of them send a slow predict (~0.4 s). Two
+    threads stay idle, so a tiny predict on each of the other 22 connections must be answered at once (< half the
+    slow request's time), not after the slow requests that happen to share its HTTP thread (head-of-line
+    blocking: a handler that runs inference on the connection's polling thread stalls every connection that
+    thread owns; with 24 connections on 4 threads, a slow connection's thread almost surely owns fast ones)."""
+    slow, fast = u.slow_model(), u.mm_model(4, 4, seed=3, xname="features", yname="scores")
+    u.write_version(tmp_path / "slow", 1, slow)
+    u.write_version(tmp_path / "m", 1, fast)
+    conf = u.write_text(tmp_path / "models.config", u.model_config_text(
+        [{"name": "slow", "base_path": str(tmp_path / "slow")}, {"name": "m", "base_path": str(tmp_path / "m")}]))
+
+    def req(path, body):
+        return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    with u.Server(tmp_path, config_file=conf, extra=["--rest_api_num_threads=4"]) as s:
+        t0 = time.monotonic()
+        r = s.post_json("/v1/models/slow:predict", {"instances": u.randn((2, 512)).tolist()})
+        assert r.status_code == 200
+        per_row = (time.monotonic() - t0) / 2
+        rows = int(min(128, max(1, round(0.4 / max(per_row, 1e-4)))))
+        slow_req = req("/v1/models/slow:predict", json.dumps({"instances": u.randn((rows, 512)).tolist()}).encode())
+        fast_req = req("/v1/models/m:predict", b'{"instances": [[1, 2, 3, 4]]}')
+        worst = []
+        for trial in range(2):
+            socks = [socket.create_connection(("127.0.0.1", s.port), timeout=30) for _ in range(24)]
+            try:
+                time.sleep(0.2)
+                t_slow = time.monotonic()
+                for k in socks[:2]:
+                    k.sendall(slow_req)
+                time.sleep(0.02)
+                lat = []
+                for k in socks[2:]:
+                    t = time.monotonic()
+                    k.sendall(fast_req)
+                    st, body, raw = _read_http_response(k, time.monotonic() + 30)
+                    lat.append(time.monotonic() - t)
+                    assert st == 200, f"fast request: {raw[:300]!r}"
+                for k in socks[:2]:
+                    st, body, raw = _read_http_response(k, time.monotonic() + 60)
+                    assert st == 200, f"slow request: {raw[:300]!r}"
+                slow_t = time.monotonic() - t_slow
+            finally:
+                for k in socks:
+                    k.close()
+            worst.append((max(lat), slow_t, [round(x * 1e3) for x in lat]))
+        for mx, slow_t, lat in worst:
+            assert mx < slow_t / 2, (f"a tiny predict on an idle connection waited {mx * 1e3:.0f} ms while two slow "
+                                     f"requests ({slow_t * 1e3:.0f} ms) ran and 2 of 4 HTTP threads were free: "
+                                     f"head-of-line blocking (fast latencies ms: {lat}; all trials: {worst})")

@@ -377,3 +377,51 @@ def test_ready_503_until_first_version(tmp_path):
         x = u.randn((1, 4), seed=51)
         body = ok_json(s.post_json("/v1/models/m:predict", {"instances": x.tolist()}))
         u.assert_close(body["predictions"], u.ort_run(model, {"x": x})["y"], "predictions")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# concurrent requests without batching: each inference must use its own activations
+
+def test_concurrent_requests_distinct_inputs(tmp_path):
+    """8 client threads x 12 requests with distinct inputs, no batching, on the seed CNN (Conv/MaxPool/MatMul:
+    oneDNN primitives and planned activation buffers) and a MatMul chain: every reply matches onnxruntime on its own
+    input. The same input in every request (as in a load test) would hide shared buffers; distinct inputs do not."""
+    cnn, chain = u.cnn_model(), u.slow_model(d=64, fan=8, layers=4)
+    u.write_version(tmp_path / "cnn", 1, cnn)
+    u.write_version(tmp_path / "chain", 1, chain)
+    conf = u.write_text(tmp_path / "models.config", u.model_config_text(
+        [{"name": "cnn", "base_path": str(tmp_path / "cnn")}, {"name": "chain", "base_path": str(tmp_path / "chain")}]))
+    import threading
+    with u.Server(tmp_path, config_file=conf) as s:
+        def worker(i, out):
+            sess = requests.Session()
+            bad = []
+            for k in range(12):
+                name, model = ("cnn", cnn) if k % 2 == 0 else ("chain", chain)
+                rows = 1 + (i + k) % 3
+                x = u.randn((rows, 1, 28, 28) if name == "cnn" else (rows, 64), seed=100 * i + k)
+                try:
+                    r = s.post_json(f"/v1/models/{name}:predict", {"instances": x.tolist()}, session=sess, timeout=60)
+                except requests.RequestException as e:
+                    bad.append(f"{name}: {type(e).__name__}: {e}")
+                    break
+                if r.status_code != 200:
+                    bad.append(f"{name}: HTTP {r.status_code} {r.content[:200]!r}")
+                    continue
+                want = u.ort_run(model, {"x": x})["y"]
+                got = np.asarray(r.json()["predictions"], dtype=np.float64)
+                if got.shape != want.shape or u.max_rel_err(got, want) > u.TOL:
+                    bad.append(f"{name} thread {i} request {k}: max rel err "
+                               f"{u.max_rel_err(got, want) if got.shape == want.shape else got.shape}")
+            out[i] = bad
+
+        out = [None] * 8
+        ths = [threading.Thread(target=worker, args=(i, out), daemon=True) for i in range(8)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(timeout=120)
+        assert all(not t.is_alive() for t in ths), f"client threads hung\n{s.describe()}"
+        bad = [b for bs in out for b in (bs or [])]
+        assert s.alive(), f"tensord died under 8 concurrent clients: {bad[:3]}\n{s.describe()}"
+        assert not bad, f"{len(bad)} wrong or failed replies under concurrency, e.g. {bad[:4]}\n{s.describe()}"
