@@ -51,7 +51,7 @@ CU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: all deps test test-unit test-conformance test-py test-san test-fuzz bench demo clean cuda test-gpu
+.PHONY: all deps test test-unit test-conformance test-py test-san test-fuzz bench demo serve-demo clean cuda
 all: $(BUILD)/tensord $(BUILD)/libtensord.a $(if $(filter 1,$(CUDA_ON)),cuda,)
 
 $(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
@@ -86,7 +86,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a
 # ---- dependencies ----
 APT_PKGS := build-essential clang libclang-rt-14-dev pkg-config libdnnl-dev libopenblas-dev libprotobuf-c-dev \
 	protobuf-c-compiler libonnx-dev libonnx-testdata libmicrohttpd-dev libcjson-dev libcriterion-dev zlib1g-dev \
-	dataset-fashion-mnist python3-venv python3-pip
+	dataset-fashion-mnist python3-venv python3-pip curl wrk
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	 $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $(APT_PKGS)
@@ -137,6 +137,10 @@ demo: all
 	$(PY) models/demo/make_demo.py --out $(BUILD)/demo
 	$(BUILD)/tensord predict --model $(BUILD)/demo/fashion/1 --input images=$(BUILD)/demo/images.npy --output-dir $(BUILD)/demo/out
 	$(PY) models/demo/show.py $(BUILD)/demo/out/probabilities.npy $(BUILD)/demo/labels.npy
+
+# Serve the demo bundle on the TF Serving ports (REST 8501) until Ctrl-C.
+serve-demo: demo
+	$(BUILD)/tensord serve --port=0 --rest_api_port=8501 --model_name=fashion --model_base_path=$(BUILD)/demo/fashion
 
 clean:
 	rm -rf build
