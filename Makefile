@@ -24,7 +24,7 @@ endif
 
 GEN := $(BUILD)/gen
 WERROR := $(if $(CI),-Werror,)
-CFLAGS_BASE := -std=gnu11 -march=$(ARCH) $(OPT) -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+CFLAGS_BASE := -std=gnu11 -march=$(ARCH) $(OPT) -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
 	$(WERROR) -fopenmp -fPIC -I. -I$(GEN) $(SANFLAGS)
 CFLAGS += $(CFLAGS_BASE)
 LDLIBS := -lmicrohttpd -lcjson -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
