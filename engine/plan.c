@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "op.h"
 
@@ -48,7 +49,15 @@ struct eng_plan {
     int *uses;          /* remaining readers per value (dynamic) */
     int *nreaders;      /* readers per value incl. graph outputs */
     void **dyn_bufs;    /* per value: buffer allocated in the current dynamic run */
+    double *prof_ms;    /* TENSORD_PROFILE=1: time per static step, summed over runs; printed by eng_plan_free */
+    int64_t prof_runs;
 };
+
+static double plan_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 static const krn_backend *plan_backend(const eng_plan *p) {
     return p->opts.backend ? p->opts.backend : krn_backend_cpu();
@@ -388,6 +397,8 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
         }
     }
     if (!p->dynamic) {
+        const char *prof = getenv("TENSORD_PROFILE");
+        if (prof && *prof && *prof != '0') p->prof_ms = calloc((size_t)p->nsteps + 1, sizeof *p->prof_ms);
         st = plan_memory(p);
         if (st == ENG_STATUS_OK) st = init_steps(p);
         if (st != ENG_STATUS_OK) goto fail;
@@ -520,11 +531,14 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
             }
             krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = outs, .nout = n->nout,
                           .state = s->state, .nthreads = p->nthreads, .const_mask = s->const_mask};
+            double t0 = p->prof_ms ? plan_now_ms() : 0;
             eng_status st = s->kernel->exec(&c);
+            if (p->prof_ms) p->prof_ms[si] += plan_now_ms() - t0;
             if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
         }
     }
     for (int i = 0; i < g->noutputs; i++) outputs[i] = p->vals[g->outputs[i]];
+    p->prof_runs++;
     return ENG_STATUS_OK;
 }
 
@@ -541,6 +555,17 @@ void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
 void eng_plan_free(eng_plan **pp) {
     if (!pp || !*pp) return;
     eng_plan *p = *pp;
+    if (p->prof_ms && p->prof_runs > 0) {
+        fprintf(stderr, "profile: %lld runs, mean ms per step\n", (long long)p->prof_runs);
+        for (int si = 0; si < p->nsteps; si++) {
+            const eng_node *n = &p->g->nodes[p->steps[si].node];
+            char sb[160];
+            const eng_tensor *o = n->nout && n->outputs[0] >= 0 ? &p->vals[n->outputs[0]] : NULL;
+            fprintf(stderr, "  %8.4f  %-24s %-20s %s\n", p->prof_ms[si] / (double)p->prof_runs, n->op_type, n->name,
+                    o ? eng_shape_str(o->dims, o->ndim, sb, sizeof sb) : "");
+        }
+    }
+    free(p->prof_ms);
     for (int si = 0; si < p->nsteps; si++) {
         plan_step *s = &p->steps[si];
         if (s->inited && s->kernel && s->kernel->free_state && s->state) s->kernel->free_state(s->state);

@@ -1,0 +1,150 @@
+/* train-impl.h - what the training files share (engine/train*.c); not a public interface.
+ *
+ *   train.c          eng_train: base version, graphs (training + eval), data, sessions, the epoch loop
+ *   train-loop.c     one step over R replicas (threads + all-reduce), validation, progress bar
+ *   train-ckpt.c     checkpoints (binary, versioned, CRC-checked) and the atomic write helper with its test hook
+ *   train-version.c  writing version N+1 (model.onnx, metrics.json, signature.json) atomically
+ *
+ * Invariants: the trainer owns one float32 buffer per state tensor (trainable params and BatchNorm running
+ * statistics); every session reads them as graph inputs each run, so no session ever holds stale weights.
+ */
+#ifndef ENG_TRAIN_IMPL_H
+#define ENG_TRAIN_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "allreduce.h"
+#include "data.h"
+#include "session.h"
+#include "tfevents.h"
+#include "train.h"
+
+typedef struct trn_param {
+    char *name;
+    eng_tensor t;   /* float32, the initializer's shape; data = w */
+    float *w;       /* current value (eng_alloc'd) */
+    float *best;    /* keep_best snapshot, or NULL */
+    int64_t n;      /* elements */
+    int is_bn;      /* BatchNorm running statistic: updated from "bn_update/<name>", not by the optimizer */
+    int out;        /* training graph output index: "grad/<name>" or "bn_update/<name>"; -1 if absent */
+    int64_t off;    /* offset of this tensor in a replica's packed all-reduce buffer */
+} trn_param;
+
+typedef struct trn_epoch {
+    int64_t epoch; /* 1-based, as Keras prints it */
+    double loss, accuracy, val_loss, val_accuracy, lr, examples_per_sec, seconds;
+} trn_epoch;
+
+typedef struct trn_stepm {
+    int64_t step; /* 1-based */
+    double loss;
+} trn_stepm;
+
+/* Everything a checkpoint holds besides tensors and optimizer state. */
+typedef struct trn_state {
+    int64_t epoch;          /* current epoch, 0-based */
+    int64_t step_in_epoch;  /* batches done in the current epoch */
+    int64_t global_step;    /* batches done overall */
+    eng_rng rng;
+    double ep_loss_sum, ep_acc_sum, ep_seconds; /* partial-epoch accumulators (sums weighted by rows) */
+    int64_t ep_rows;
+    double best;            /* best monitored value so far (early stopping / keep_best) */
+    int64_t best_epoch;     /* 1-based; 0: none */
+    int64_t wait;           /* epochs without improvement */
+    uint64_t fingerprint;   /* settings that must match on resume (batch size, seed, replicas, params) */
+    trn_epoch *epochs;
+    int64_t nepochs, cap_epochs;
+    trn_stepm *steps;
+    int64_t nsteps, cap_steps;
+} trn_state;
+
+#define TRN_MAX_STEPS_KEPT 100000 /* per-step losses kept for metrics.json */
+
+eng_status trn_state_add_epoch(trn_state *s, const trn_epoch *e);
+eng_status trn_state_add_step(trn_state *s, int64_t step, double loss);
+void trn_state_free(trn_state *s);
+
+/* A named float buffer a checkpoint saves or restores (restore fills data, which must hold n floats). */
+typedef struct trn_ckpt_tensor {
+    const char *name;
+    float *data;
+    int64_t n;
+} trn_ckpt_tensor;
+
+/* Atomic whole-file write (temp + fsync + rename + fsync dir); errors name the path.
+ * Test hook: TENSORD_TEST_FAIL_WRITE_AFTER=N in the environment makes writes fail with ENOSPC once the
+ * process has written N bytes through this function (simulates a full disk deterministically). */
+eng_status trn_write_file(const char *path, const void *buf, size_t n);
+/* fsync a directory by path. */
+eng_status trn_fsync_dir(const char *dir);
+
+/* Checkpoint file: "TDCKPT01", format version, state, tensors by name, optimizer bytes, CRC-32 of all. */
+eng_status trn_ckpt_write(const char *path, const trn_state *st, const trn_ckpt_tensor *t, int nt, const void *optim,
+                          size_t optim_len);
+/* Restores state (fresh: st must be zeroed or freed; its arrays are replaced), every tensor in t by name
+ * (missing name or different size is an error naming both), and *optim (malloc'd) / *optim_len. */
+eng_status trn_ckpt_read(const char *path, trn_state *st, trn_ckpt_tensor *t, int nt, void **optim, size_t *optim_len);
+/* Newest checkpoint (highest step) in dir: *found = 0 if none (or no dir). */
+eng_status trn_ckpt_latest(const char *dir, char *path, size_t cap, int *found);
+/* Remove all ckpt-*.bin in dir except the newest `keep`. */
+void trn_ckpt_prune(const char *dir, int keep);
+/* Remove the checkpoint directory and its files. */
+void trn_ckpt_remove_dir(const char *dir);
+
+/* ---- the trainer ---- */
+
+typedef struct trn_replica trn_replica;
+
+typedef struct trn_ctx {
+    const eng_train_opts *o;
+    char base[4096];
+    int64_t base_version, new_version;
+    eng_graph *g0;          /* base model (owned) */
+    const char *pred;       /* g0's first output */
+    const char *loss_name;  /* in the training/eval graphs */
+    trn_param *params;
+    int nparams, ntrain;    /* ntrain: trainable ones (the first ntrain entries) */
+    int64_t pack_n;         /* floats in a replica's packed buffer: grads, bn updates, loss, accuracy */
+    /* data */
+    eng_dataset *train, *val;
+    int ninputs;            /* model data inputs */
+    char **input_names;
+    int *input_col;         /* dataset column for each model input */
+    int label_col;
+    char preprocessing[4096]; /* JSON object text {"x": "...", "label": "..."} */
+    eng_loader *loader;
+    int64_t steps_per_epoch;
+    /* sessions */
+    int R;
+    trn_replica *reps;
+    eng_comm *comm;
+    eng_session *eval;
+    int eval_loss_out, eval_acc_out;
+    eng_optim *optim;
+    /* bookkeeping */
+    trn_state st;
+    eng_tfevents *tb;
+    char ckpt_dir[4200];
+    double t_start, last_draw;
+    int progress_drawn;
+    int stopped_by_max_steps;
+} trn_ctx;
+
+/* train-loop.c */
+eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt);
+void trn_replicas_free(trn_ctx *c);
+/* Run one batch through the replicas; on return loss/accuracy hold the batch means and the optimizer has been
+ * applied. */
+eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc);
+/* Validation loss/accuracy over c->val with the current weights (NaN when there is no validation data). */
+eng_status trn_validate(trn_ctx *c, double *loss, double *acc);
+void trn_progress(trn_ctx *c, int64_t step, double loss, double acc, double eps, int final);
+double trn_now(void);
+
+/* train-version.c */
+eng_status trn_write_version(trn_ctx *c, eng_train_result *res);
+/* metrics.json text (malloc'd). */
+char *trn_metrics_json(const trn_ctx *c);
+
+#endif

@@ -1,0 +1,297 @@
+/* train-loop.c - one training step over R data-parallel replicas, validation, and the progress bar.
+ *
+ * A step: the batch is cut into R contiguous shards (sizes differ by at most one row; a shard may be empty
+ * when the batch has fewer than R rows). Replica r runs its own session on its shard and packs its outputs
+ * into one float buffer: [grad of each trainable param | BatchNorm updates | loss | accuracy], each scaled by
+ * rows_r * R / B so that the all-reduce MEAN is the row-weighted mean, i.e. exactly the full-batch mean that
+ * one replica would compute. One all-reduce per step (summation in rank order: deterministic). The calling
+ * thread is rank 0; it applies the optimizer to the shared weight buffers after joining the others, so every
+ * replica reads the same weights next step.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "train-impl.h"
+
+struct trn_replica {
+    trn_ctx *c;
+    int rank;
+    eng_session *s;
+    int nfeed;
+    const char **names;
+    eng_tensor *feed;
+    eng_tensor *outs;
+    float *pack;          /* c->pack_n floats */
+    int loss_out, acc_out;/* output indices (acc -1 when the loss has no accuracy metric) */
+    const eng_batch *b;
+    int64_t row0, rows;
+    eng_status st;
+    char err[1024];
+};
+
+double trn_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int find_output(const eng_graph *g, const char *name) {
+    for (int i = 0; i < g->noutputs; i++)
+        if (strcmp(g->values[g->outputs[i]].name, name) == 0) return i;
+    return -1;
+}
+
+/* names/feed arrays: model data inputs, "label", then every state tensor (weights are always fed). */
+static eng_status feed_init(trn_ctx *c, int *nfeed, const char ***names, eng_tensor **feed) {
+    int n = c->ninputs + 1 + c->nparams;
+    *names = calloc((size_t)n, sizeof **names);
+    *feed = calloc((size_t)n, sizeof **feed);
+    if (!*names || !*feed) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < c->ninputs; i++) (*names)[i] = c->input_names[i];
+    (*names)[c->ninputs] = "label";
+    for (int i = 0; i < c->nparams; i++) {
+        (*names)[c->ninputs + 1 + i] = c->params[i].name;
+        (*feed)[c->ninputs + 1 + i] = c->params[i].t;
+    }
+    *nfeed = n;
+    return ENG_STATUS_OK;
+}
+
+/* Point the data entries of feed at rows [row0, row0 + rows) of the batch. */
+static void feed_rows(const trn_ctx *c, eng_tensor *feed, const eng_batch *b, int64_t row0, int64_t rows) {
+    for (int i = 0; i <= c->ninputs; i++) {
+        int col = i < c->ninputs ? c->input_col[i] : c->label_col;
+        eng_tensor t = b->cols[col];
+        size_t rb = b->rows ? eng_tensor_nbytes(&t) / (size_t)b->rows : 0;
+        t.dims[0] = rows;
+        t.data = (char *)t.data + (size_t)row0 * rb;
+        feed[i] = t;
+    }
+}
+
+eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
+    c->reps = calloc((size_t)c->R, sizeof *c->reps);
+    if (!c->reps) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    /* output indices, the same in every clone */
+    int loss_out = find_output(gt, c->loss_name);
+    if (loss_out < 0) return eng_err(ENG_STATUS_INTERNAL, "training graph has no output '%s'", c->loss_name);
+    int acc_out = find_output(gt, "metric/accuracy");
+    char nm[4200];
+    int64_t off = 0;
+    for (int i = 0; i < c->nparams; i++) {
+        trn_param *p = &c->params[i];
+        snprintf(nm, sizeof nm, "%s/%s", p->is_bn ? "bn_update" : "grad", p->name);
+        p->out = find_output(gt, nm);
+        if (p->out < 0 && !p->is_bn) return eng_err(ENG_STATUS_INTERNAL, "training graph has no output '%s'", nm);
+        p->off = off;
+        off += p->n;
+    }
+    c->pack_n = off + 2;
+    int hw = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (hw < 1) hw = 1;
+    eng_session_opts so = {.nthreads = c->o->nthreads > 0 ? c->o->nthreads : (hw / c->R > 0 ? hw / c->R : 1),
+                           .no_fuse = 1};
+    for (int r = 0; r < c->R; r++) {
+        trn_replica *rp = &c->reps[r];
+        rp->c = c;
+        rp->rank = r;
+        eng_graph *g = eng_graph_clone(gt);
+        if (!g) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory cloning the training graph");
+        ENG_TRY(eng_session_new_graph(g, &so, &rp->s));
+        ENG_TRY(feed_init(c, &rp->nfeed, &rp->names, &rp->feed));
+        rp->outs = calloc((size_t)gt->noutputs + 1, sizeof *rp->outs);
+        rp->pack = eng_alloc((size_t)c->pack_n * sizeof(float));
+        if (!rp->outs || !rp->pack) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int r = 0; r < c->R; r++) {
+        c->reps[r].loss_out = loss_out;
+        c->reps[r].acc_out = acc_out;
+    }
+    return ENG_STATUS_OK;
+}
+
+void trn_replicas_free(trn_ctx *c) {
+    if (!c->reps) return;
+    for (int r = 0; r < c->R; r++) {
+        trn_replica *rp = &c->reps[r];
+        eng_session_free(&rp->s);
+        free(rp->names);
+        free(rp->feed);
+        free(rp->outs);
+        eng_free(rp->pack);
+    }
+    free(c->reps);
+    c->reps = NULL;
+}
+
+static eng_status replica_run(trn_replica *rp) {
+    trn_ctx *c = rp->c;
+    const eng_graph *g = eng_session_graph(rp->s);
+    float *pack = rp->pack;
+    eng_status st = ENG_STATUS_OK;
+    memset(pack, 0, (size_t)c->pack_n * sizeof(float));
+    if (rp->rows > 0) {
+        feed_rows(c, rp->feed, rp->b, rp->row0, rp->rows);
+        st = eng_session_run(rp->s, rp->nfeed, rp->names, rp->feed, rp->outs);
+        if (st == ENG_STATUS_OK) {
+            float scale = (float)((double)rp->rows * c->R / (double)rp->b->rows);
+            for (int i = 0; i < c->nparams && st == ENG_STATUS_OK; i++) {
+                const trn_param *p = &c->params[i];
+                if (p->out < 0) continue;
+                const eng_tensor *o = &rp->outs[p->out];
+                if (o->dtype != ENG_DTYPE_F32 || eng_tensor_numel(o) != p->n) {
+                    st = eng_err(ENG_STATUS_INTERNAL, "output '%s' has %lld elements of %s, expected %lld float32",
+                                 g->values[g->outputs[p->out]].name, (long long)eng_tensor_numel(o),
+                                 eng_dtype_name(o->dtype), (long long)p->n);
+                    break;
+                }
+                const float *src = o->data;
+                float *dst = pack + p->off;
+                if (scale == 1.0f) memcpy(dst, src, (size_t)p->n * sizeof(float));
+                else
+                    for (int64_t k = 0; k < p->n; k++) dst[k] = src[k] * scale;
+            }
+            int lo = rp->loss_out, ao = rp->acc_out;
+            if (st == ENG_STATUS_OK) {
+                pack[c->pack_n - 2] = lo >= 0 ? (float)eng_tensor_get_f64(&rp->outs[lo], 0) * scale : NAN;
+                pack[c->pack_n - 1] = ao >= 0 ? (float)eng_tensor_get_f64(&rp->outs[ao], 0) * scale : NAN;
+            }
+        }
+    }
+    if (st != ENG_STATUS_OK) snprintf(rp->err, sizeof rp->err, "%s", eng_last_error());
+    if (c->R > 1) {
+        eng_status s2 = eng_comm_allreduce(c->comm, rp->rank, pack, c->pack_n, 1);
+        if (st == ENG_STATUS_OK && s2 != ENG_STATUS_OK) {
+            st = s2;
+            snprintf(rp->err, sizeof rp->err, "%s", eng_last_error());
+        }
+    }
+    rp->st = st;
+    return st;
+}
+
+static void *replica_thread(void *arg) {
+    replica_run(arg);
+    return NULL;
+}
+
+eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
+    int R = c->R;
+    int64_t B = b->rows, base = B / R, extra = B % R, row = 0;
+    for (int r = 0; r < R; r++) {
+        trn_replica *rp = &c->reps[r];
+        rp->b = b;
+        rp->row0 = row;
+        rp->rows = base + (r < extra ? 1 : 0);
+        row += rp->rows;
+        rp->err[0] = 0;
+    }
+    pthread_t th[256];
+    int started = 0;
+    eng_status st = ENG_STATUS_OK;
+    for (int r = 1; r < R; r++) {
+        if (pthread_create(&th[r], NULL, replica_thread, &c->reps[r]) != 0) {
+            /* cannot happen in practice; the all-reduce would deadlock without this rank, so stop here */
+            for (int k = 1; k < r; k++) pthread_join(th[k], NULL);
+            return eng_err(ENG_STATUS_INTERNAL, "cannot start replica thread %d", r);
+        }
+        started++;
+    }
+    replica_run(&c->reps[0]);
+    for (int r = 1; r <= started; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < R; r++)
+        if (c->reps[r].st != ENG_STATUS_OK) {
+            return eng_err(c->reps[r].st, "%s%s", R > 1 ? "replica: " : "", c->reps[r].err);
+        }
+    float *pack = c->reps[0].pack;
+    *loss = pack[c->pack_n - 2];
+    *acc = pack[c->pack_n - 1];
+    if (!isfinite(*loss)) return ENG_STATUS_OK; /* the caller reports NaN with epoch/step */
+    /* BatchNorm running statistics: replace with the (replica-averaged) updates */
+    float *grads[c->ntrain > 0 ? c->ntrain : 1];
+    float *params[c->ntrain > 0 ? c->ntrain : 1];
+    for (int i = 0; i < c->nparams; i++) {
+        trn_param *p = &c->params[i];
+        if (p->is_bn) {
+            if (p->out >= 0) memcpy(p->w, pack + p->off, (size_t)p->n * sizeof(float));
+        } else {
+            grads[i] = pack + p->off;
+            params[i] = p->w;
+        }
+    }
+    int applied = 0;
+    st = eng_optim_apply(c->optim, params, (const float *const *)grads, &applied);
+    return st;
+}
+
+eng_status trn_validate(trn_ctx *c, double *loss, double *acc) {
+    *loss = NAN;
+    *acc = NAN;
+    if (!c->val || !c->eval) return ENG_STATUS_OK;
+    eng_loader_opts lo = {.batch_size = c->o->batch_size, .shuffle = 0, .seed = 0, .drop_remainder = 0, .prefetch = 0};
+    eng_loader *l = NULL;
+    ENG_TRY(eng_loader_new(c->val, &lo, &l));
+    int nfeed = 0;
+    const char **names = NULL;
+    eng_tensor *feed = NULL;
+    eng_status st = feed_init(c, &nfeed, &names, &feed);
+    const eng_graph *g = eng_session_graph(c->eval);
+    eng_tensor *outs = calloc((size_t)g->noutputs + 1, sizeof *outs);
+    if (!outs && st == ENG_STATUS_OK) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    double ls = 0, as = 0;
+    int64_t rows = 0;
+    while (st == ENG_STATUS_OK) {
+        eng_batch b;
+        int end = 0;
+        st = eng_loader_next(l, &b, &end);
+        if (st != ENG_STATUS_OK || end) break;
+        feed_rows(c, feed, &b, 0, b.rows);
+        st = eng_session_run(c->eval, nfeed, names, feed, outs);
+        if (st != ENG_STATUS_OK) break;
+        ls += eng_tensor_get_f64(&outs[c->eval_loss_out], 0) * (double)b.rows;
+        if (c->eval_acc_out >= 0) as += eng_tensor_get_f64(&outs[c->eval_acc_out], 0) * (double)b.rows;
+        rows += b.rows;
+    }
+    if (st == ENG_STATUS_OK && rows > 0) {
+        *loss = ls / (double)rows;
+        *acc = c->eval_acc_out >= 0 ? as / (double)rows : NAN;
+    }
+    if (st != ENG_STATUS_OK) eng_err_prefix(st, "validation: ");
+    free(outs);
+    free(names);
+    free(feed);
+    eng_loader_free(&l);
+    return st;
+}
+
+static void fmt_dur(double s, char *buf, size_t n) {
+    if (!(s >= 0) || s > 1e7) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+void trn_progress(trn_ctx *c, int64_t step, double loss, double acc, double eps, int final) {
+    if (!c->o->progress) return;
+    double now = trn_now();
+    if (!final && now - c->last_draw < 0.1) return;
+    c->last_draw = now;
+    int64_t S = c->steps_per_epoch;
+    char eta[32];
+    fmt_dur(eps > 0 && S > step ? (double)(S - step) * (double)c->o->batch_size / eps : 0, eta, sizeof eta);
+    char accs[32] = "";
+    if (acc == acc) snprintf(accs, sizeof accs, "  acc %.4f", acc);
+    fprintf(stderr, "\repoch %lld/%d  step %lld/%lld  loss %.4f%s  %.0f ex/s  ETA %s   ", (long long)c->st.epoch + 1,
+            c->o->epochs, (long long)step, (long long)S, loss, accs, eps, eta);
+    if (final) fputc('\n', stderr);
+    fflush(stderr);
+    c->progress_drawn = !final;
+}

@@ -1,0 +1,210 @@
+/* train-version.c - writing the trained model as version N+1 of the bundle, atomically (see train.h).
+ *
+ * Everything is built in <base>/.tmp-<N+1>-<pid>/: model.onnx (the base graph with the trained initializer
+ * values and BatchNorm running statistics), metrics.json (with "preprocessing": what eng_dataset_fit did to
+ * each column), signature.json (the base's, if any). Each file is fsync'd, then the directory, then it is rename()d to <base>/<N+1> and the
+ * base directory is fsync'd. On any error the temp directory and what it holds are removed, so readers see a
+ * complete version or none. JSON is written with cJSON (NaN becomes null).
+ */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "file-io.h"
+#include "onnx.h"
+#include "train-impl.h"
+
+/* The server's signature.json reader (server/bundle.c) refuses keys other than signature_defs, labels,
+ * labels_file and precision, so the preprocessing description goes to metrics.json; set this to 1 once the
+ * reader accepts a "preprocessing" key to record it in signature.json as well. */
+#define TRN_SIGNATURE_PREPROCESSING 0
+
+static cJSON *num(double v) { return cJSON_CreateNumber(isfinite(v) ? v : NAN); }
+
+static const char *optim_name(eng_optim_kind k) {
+    return k == ENG_OPTIM_SGD ? "sgd" : k == ENG_OPTIM_ADAM ? "adam" : k == ENG_OPTIM_ADAMW ? "adamw" : "?";
+}
+
+static const char *sched_name(eng_lr_schedule k) {
+    return k == ENG_LR_CONSTANT ? "constant" : k == ENG_LR_STEP ? "step" : k == ENG_LR_COSINE ? "cosine" : "?";
+}
+
+char *trn_metrics_json(const trn_ctx *c) {
+    const eng_train_opts *o = c->o;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *ep = cJSON_AddArrayToObject(root, "epochs");
+    for (int64_t i = 0; i < c->st.nepochs; i++) {
+        const trn_epoch *e = &c->st.epochs[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddItemToObject(x, "epoch", cJSON_CreateNumber((double)e->epoch));
+        cJSON_AddItemToObject(x, "loss", num(e->loss));
+        cJSON_AddItemToObject(x, "accuracy", num(e->accuracy));
+        cJSON_AddItemToObject(x, "val_loss", num(e->val_loss));
+        cJSON_AddItemToObject(x, "val_accuracy", num(e->val_accuracy));
+        cJSON_AddItemToObject(x, "learning_rate", num(e->lr));
+        cJSON_AddItemToObject(x, "examples_per_sec", num(e->examples_per_sec));
+        cJSON_AddItemToObject(x, "seconds", num(e->seconds));
+        cJSON_AddItemToArray(ep, x);
+    }
+    cJSON *steps = cJSON_AddArrayToObject(root, "steps");
+    for (int64_t i = 0; i < c->st.nsteps; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddItemToObject(x, "step", cJSON_CreateNumber((double)c->st.steps[i].step));
+        cJSON_AddItemToObject(x, "loss", num(c->st.steps[i].loss));
+        cJSON_AddItemToArray(steps, x);
+    }
+    cJSON *s = cJSON_AddObjectToObject(root, "settings");
+    cJSON *df = cJSON_AddArrayToObject(s, "data");
+    for (int i = 0; i < o->ndata; i++) cJSON_AddItemToArray(df, cJSON_CreateString(o->data_files[i]));
+    cJSON *vf = cJSON_AddArrayToObject(s, "val_data");
+    for (int i = 0; i < o->nval; i++) cJSON_AddItemToArray(vf, cJSON_CreateString(o->val_files[i]));
+    cJSON_AddNumberToObject(s, "val_split", o->val_split);
+    cJSON_AddNumberToObject(s, "epochs", o->epochs);
+    cJSON_AddNumberToObject(s, "batch_size", (double)o->batch_size);
+    cJSON_AddStringToObject(s, "optimizer", optim_name(o->optim.kind));
+    cJSON_AddItemToObject(s, "learning_rate", num(o->optim.lr));
+    cJSON_AddItemToObject(s, "momentum", num(o->optim.momentum));
+    cJSON_AddBoolToObject(s, "nesterov", o->optim.nesterov);
+    cJSON_AddItemToObject(s, "weight_decay", num(o->optim.weight_decay));
+    cJSON_AddItemToObject(s, "clipnorm", num(o->optim.clipnorm));
+    cJSON_AddNumberToObject(s, "accum_steps", o->optim.accum_steps);
+    cJSON_AddStringToObject(s, "lr_schedule", sched_name(o->optim.schedule));
+    cJSON_AddNumberToObject(s, "warmup_steps", (double)o->optim.warmup_steps);
+    cJSON_AddNumberToObject(s, "step_size", (double)o->optim.step_size);
+    cJSON_AddItemToObject(s, "gamma", num(o->optim.gamma));
+    cJSON_AddStringToObject(s, "loss", eng_loss_name(o->loss));
+    cJSON_AddNumberToObject(s, "from_logits", o->from_logits);
+    cJSON *fz = cJSON_AddArrayToObject(s, "freeze");
+    for (int i = 0; i < o->nfreeze; i++) cJSON_AddItemToArray(fz, cJSON_CreateString(o->freeze[i]));
+    cJSON_AddNumberToObject(s, "replicas", c->R);
+    cJSON_AddNumberToObject(s, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(s, "early_stopping_patience", o->early_stopping_patience);
+    cJSON_AddStringToObject(s, "monitor", o->monitor ? o->monitor : "val_loss");
+    cJSON_AddBoolToObject(s, "keep_best", o->keep_best);
+    cJSON_AddNumberToObject(s, "max_steps", (double)o->max_steps);
+    cJSON_AddNumberToObject(s, "trainable_params", c->ntrain);
+    cJSON *pre = cJSON_Parse(c->preprocessing);
+    cJSON_AddItemToObject(root, "preprocessing", pre ? pre : cJSON_CreateString(c->preprocessing));
+    cJSON_AddNumberToObject(root, "base_version", (double)c->base_version);
+    cJSON_AddNumberToObject(root, "steps_run", (double)c->st.global_step);
+    if (c->st.best_epoch > 0) cJSON_AddNumberToObject(root, "best_epoch", (double)c->st.best_epoch);
+    char *txt = cJSON_Print(root);
+    cJSON_Delete(root);
+    return txt;
+}
+
+/* signature.json: the base version's (if it parses as an object), with "preprocessing" set when
+ * TRN_SIGNATURE_PREPROCESSING; NULL with *st OK when there is nothing to write. */
+static char *signature_json(const trn_ctx *c, eng_status *st) {
+    *st = ENG_STATUS_OK;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%lld/signature.json", c->base, (long long)c->base_version);
+    cJSON *root = NULL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (access(path, F_OK) == 0) {
+        if (eng_file_read(path, (size_t)64 << 20, &buf, &len) != ENG_STATUS_OK) {
+            *st = ENG_STATUS_IO;
+            return NULL;
+        }
+        root = cJSON_ParseWithLength((const char *)buf, len);
+        free(buf);
+        if (!root || !cJSON_IsObject(root)) {
+            cJSON_Delete(root);
+            *st = eng_err(ENG_STATUS_INVALID_ARGUMENT, "'%s' is not a JSON object", path);
+            return NULL;
+        }
+    } else if (TRN_SIGNATURE_PREPROCESSING) {
+        root = cJSON_CreateObject();
+    } else {
+        return NULL;
+    }
+    if (TRN_SIGNATURE_PREPROCESSING) {
+        cJSON_DeleteItemFromObject(root, "preprocessing");
+        cJSON *pre = cJSON_Parse(c->preprocessing);
+        if (!pre) pre = cJSON_CreateString(c->preprocessing);
+        cJSON_AddItemToObject(root, "preprocessing", pre);
+    }
+    char *txt = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!txt) *st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    return txt;
+}
+
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4400];
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static eng_status write_text(const char *dir, const char *name, const char *txt) {
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return trn_write_file(p, txt, strlen(txt));
+}
+
+eng_status trn_write_version(trn_ctx *c, eng_train_result *res) {
+    char tmp[4300], dst[4300], p[4400];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%lld-%d", c->base, (long long)c->new_version, (int)getpid());
+    snprintf(dst, sizeof dst, "%s/%lld", c->base, (long long)c->new_version);
+    if (access(dst, F_OK) == 0)
+        return eng_err(ENG_STATUS_IO, "version directory '%s' already exists (written by another run?)", dst);
+    remove_tree(tmp);
+    if (mkdir(tmp, 0755) != 0) return eng_err(ENG_STATUS_IO, "cannot create '%s': %s", tmp, strerror(errno));
+    eng_status st = ENG_STATUS_OK;
+    /* the base graph with the trained values */
+    eng_graph *g = eng_graph_clone(c->g0);
+    if (!g) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < c->nparams && st == ENG_STATUS_OK; i++) {
+        const trn_param *tp = &c->params[i];
+        int v = eng_graph_find_value(g, tp->name);
+        if (v < 0 || !g->values[v].init || g->values[v].init->dtype != ENG_DTYPE_F32 ||
+            eng_tensor_numel(g->values[v].init) != tp->n) {
+            st = eng_err(ENG_STATUS_INTERNAL, "initializer '%s' changed shape", tp->name);
+            break;
+        }
+        const float *src = c->o->keep_best && tp->best && c->st.best_epoch > 0 ? tp->best : tp->w;
+        memcpy(g->values[v].init->data, src, (size_t)tp->n * sizeof(float));
+    }
+    if (st == ENG_STATUS_OK) {
+        snprintf(p, sizeof p, "%s/model.onnx", tmp);
+        st = eng_onnx_save_file(g, p, (size_t)1 << 30);
+    }
+    eng_graph_free(&g);
+    if (st == ENG_STATUS_OK) {
+        char *m = trn_metrics_json(c);
+        st = m ? write_text(tmp, "metrics.json", m) : eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+        free(m);
+    }
+    if (st == ENG_STATUS_OK) {
+        char *s = signature_json(c, &st);
+        if (s) st = write_text(tmp, "signature.json", s);
+        free(s);
+    }
+    if (st == ENG_STATUS_OK) st = trn_fsync_dir(tmp);
+    if (st == ENG_STATUS_OK && rename(tmp, dst) != 0)
+        st = eng_err(ENG_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, dst, strerror(errno));
+    if (st != ENG_STATUS_OK) {
+        remove_tree(tmp);
+        return eng_err_prefix(st, "writing version %lld: ", (long long)c->new_version);
+    }
+    st = trn_fsync_dir(c->base);
+    if (st != ENG_STATUS_OK) return st;
+    res->version = c->new_version;
+    if (snprintf(res->path, sizeof res->path, "%s", dst) >= (int)sizeof res->path) res->path[sizeof res->path - 1] = 0;
+    return ENG_STATUS_OK;
+}
