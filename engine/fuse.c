@@ -635,6 +635,71 @@ static eng_status fz_layouts(fz_ctx *z) {
     return st;
 }
 
+/* ------------------------------------------------------------ conv + pool */
+
+static eng_attr *fz_attr_mut(eng_node *n, const char *name) {
+    for (int i = 0; i < n->nattr; i++)
+        if (!strcmp(n->attrs[i].name, name)) return &n->attrs[i];
+    return NULL;
+}
+
+static int fz_ints_all(const eng_node *n, const char *name, int64_t want, int len) {
+    const int64_t *v = NULL;
+    int k = eng_node_attr_ints(n, name, &v);
+    if (k < 0) return 1;
+    if (k != len) return 0;
+    for (int i = 0; i < k; i++)
+        if (v[i] != want) return 0;
+    return 1;
+}
+
+/* A 2-D MaxPool that reads a blocked conv output, with no padding, dilation, ceil_mode or Indices output, is
+ * folded into the conv (FusedConv attributes pool_kernel/pool_strides): the conv then runs in cache-sized
+ * sub-batches and pools each straight from cache, instead of writing the whole activation to memory and
+ * reading it back (see kernels/cpu/nn-conv.c). Runs after the layout pass, which guarantees the conv's only
+ * consumers are pools/convs. */
+static eng_status fz_conv_pool(fz_ctx *z) {
+    eng_graph *g = z->g;
+    if (getenv("TENSORD_NO_CONV_POOL")) return ENG_STATUS_OK;
+    for (int i = 0; i < g->nnodes; i++) {
+        eng_node *n = &g->nodes[i];
+        if (z->dead[i] || !fz_is_conv2d(g, n) || eng_node_attr_int(n, "y_layout", 0) != KRN_NN_LAYOUT_BLOCKED) continue;
+        if (n->nin > 3 && n->inputs[3] >= 0) continue; /* residual */
+        const eng_tensor *w = fz_const_f32(g, n->inputs[1]);
+        if (!w || w->dims[0] % 16) continue;
+        int j = fz_sole_consumer(z, n->outputs[0]);
+        if (j < 0) continue;
+        eng_node *pn = &g->nodes[j];
+        const int64_t *k = NULL, *st = NULL;
+        if (!fz_is_op(pn, "MaxPool") || !fz_one_output(pn) || pn->inputs[0] != n->outputs[0]) continue;
+        if (eng_node_attr_ints(pn, "kernel_shape", &k) != 2) continue;
+        int nst = eng_node_attr_ints(pn, "strides", &st);
+        if (nst >= 0 && nst != 2) continue;
+        const char *ap = eng_node_attr_str(pn, "auto_pad", "NOTSET");
+        if (strcmp(ap, "NOTSET") && strcmp(ap, "VALID")) continue;
+        if (!fz_ints_all(pn, "pads", 0, 4) || !fz_ints_all(pn, "dilations", 1, 2) ||
+            eng_node_attr_int(pn, "ceil_mode", 0) != 0)
+            continue;
+        int64_t ks[2] = {k[0], k[1]}, ss[2] = {nst == 2 ? st[0] : 1, nst == 2 ? st[1] : 1};
+        if (fz_is_op(n, "Conv")) ENG_TRY(fz_set_op(n, "FusedConv", "com.tensord"));
+        eng_attr a = {0};
+        a.type = ENG_ATTR_INTS;
+        a.n = 2;
+        a.name = (char *)"pool_kernel";
+        a.ints = ks;
+        ENG_TRY(eng_node_add_attr(g, i, &a));
+        a.name = (char *)"pool_strides";
+        a.ints = ss;
+        ENG_TRY(eng_node_add_attr(g, i, &a));
+        n = &g->nodes[i];
+        eng_attr *yl = fz_attr_mut(n, "y_layout");
+        if (yl) yl->i = KRN_NN_LAYOUT_PLAIN; /* Y is now the pool's plain output */
+        n->outputs[0] = pn->outputs[0];
+        z->dead[j] = 1;
+    }
+    return ENG_STATUS_OK;
+}
+
 eng_status eng_graph_fuse(eng_graph *g) {
     if (!g || g->nnodes == 0) return ENG_STATUS_OK;
     if (getenv("TENSORD_NO_FUSE")) return ENG_STATUS_OK;
@@ -652,6 +717,11 @@ eng_status eng_graph_fuse(eng_graph *g) {
     if (st == ENG_STATUS_OK) {
         memset(z.dead, 0, (size_t)g->nnodes);
         st = fz_layouts(&z);
+    }
+    if (st == ENG_STATUS_OK) {
+        st = fz_conv_pool(&z);
+        eng_status c2 = fz_compact(&z);
+        if (st == ENG_STATUS_OK) st = c2;
     }
     free(z.dead);
     return st;

@@ -46,6 +46,8 @@ typedef struct krn_conv_params {
     krn_nn_act_params act;
     int has_residual;                        /* input 3 is Z */
     int x_layout, y_layout;                  /* krn_nn_layout of X and of Y (and Z, which matches Y) */
+    int pool;                                /* FusedConv only: a 2-D MaxPool (no pads/dilation) follows; Y is pooled */
+    int64_t pool_kernel[2], pool_strides[2];
 } krn_conv_params;
 
 /* Memory layout of a 4-D float32 activation that only nn kernels see (set by engine/fuse.c's layout pass).
@@ -55,6 +57,11 @@ typedef enum krn_nn_layout {
     KRN_NN_LAYOUT_PLAIN = 0,
     KRN_NN_LAYOUT_BLOCKED = 1,
 } krn_nn_layout;
+
+/* 2-D MaxPool without padding/dilation from X in nChw16c (C % 16 == 0) to plain NCHW Y; windows must lie
+ * inside X. Parallel over (n, channel block). */
+void krn_cpu_maxpool2d_blocked16(const float *X, float *Y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH,
+                                 int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int nthreads);
 
 typedef enum krn_pool_kind {
     KRN_POOL_MAX = 0,

@@ -76,6 +76,18 @@ static eng_status nn_conv_prepare_common(eng_op_ctx *c, int transposed, int fuse
     if (fused) {
         nn_act_attrs(n, &p->k.act);
         p->k.has_residual = c->nin > 3 && c->node->inputs[3] >= 0;
+        const int64_t *pk = NULL, *ps = NULL;
+        int npk = eng_node_attr_ints(n, "pool_kernel", &pk), nps = eng_node_attr_ints(n, "pool_strides", &ps);
+        if (npk >= 0) { /* engine/fuse.c folded a following 2-D MaxPool (no pads, no dilation) into this conv */
+            if (npk != 2 || nps != 2 || p->k.has_residual)
+                return eng_err(ENG_STATUS_INVALID_MODEL, "fused pool needs 2-D pool_kernel and pool_strides and no residual");
+            for (int i = 0; i < 2; i++) {
+                if (pk[i] < 1 || ps[i] < 1) return eng_err(ENG_STATUS_INVALID_MODEL, "fused pool kernel/strides must be >= 1");
+                p->k.pool_kernel[i] = pk[i];
+                p->k.pool_strides[i] = ps[i];
+            }
+            p->k.pool = 1;
+        }
     }
     return ENG_STATUS_OK;
 }
@@ -189,6 +201,15 @@ static eng_status nn_conv_infer(eng_op_ctx *c) {
         ENG_TRY(eng_broadcast_shapes(ts, 2, &b));
         if (z->dtype != y->dtype || !eng_shape_equal(&b, y))
             return eng_err(ENG_STATUS_INVALID_ARGUMENT, "fused residual input does not broadcast into the conv output");
+    }
+    if (k->pool) {
+        if (nsp != 2 || x->dtype != ENG_DTYPE_F32)
+            return eng_err(ENG_STATUS_INVALID_MODEL, "fused conv+pool needs a 2-D float32 conv");
+        for (int i = 0; i < 2; i++) {
+            int64_t in = y->dims[2 + i];
+            if (in < k->pool_kernel[i]) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "fused pool window larger than the conv output");
+            y->dims[2 + i] = (in - k->pool_kernel[i]) / k->pool_strides[i] + 1;
+        }
     }
     return ENG_STATUS_OK;
 }

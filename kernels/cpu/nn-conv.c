@@ -22,11 +22,19 @@ typedef struct conv_state {
     dnnl_memory_t msrc, mwei, mbias, mdst, mres;
     void *wpack;
     int wconst;
+    /* conv + MaxPool (params->pool): the batch runs in sub-batches of nb images; each sub-batch's conv output
+     * (nChw16c) lands in `scratch`, small enough to stay in cache, and is pooled from there into Y. */
+    struct conv_state *sub[2]; /* primitives for nb images and for the last N % nb images */
+    int64_t nb, Hc, Wc;
+    float *scratch;
 } conv_state;
 
 void krn_cpu_conv_free(void *p) {
     conv_state *s = p;
     if (!s) return;
+    krn_cpu_conv_free(s->sub[0]);
+    krn_cpu_conv_free(s->sub[1]);
+    eng_free(s->scratch);
     if (s->prim) dnnl_primitive_destroy(s->prim);
     if (s->pd) dnnl_primitive_desc_destroy(s->pd);
     if (s->msrc) dnnl_memory_destroy(s->msrc);
@@ -120,10 +128,110 @@ static eng_status conv_dnnl_build(krn_call *c, conv_state *s) {
     return ENG_STATUS_OK;
 }
 
+/* Conv output dims (before the fused pool) for spatial dim i. */
+static int64_t conv_out_dim(const krn_conv_params *p, int64_t in, int i) {
+    int64_t ext = (p->kernel[i] - 1) * p->dilations[i] + 1;
+    return (in + p->pads[i] + p->pads[p->nspatial + i] - ext) / p->strides[i] + 1;
+}
+
+#define CONV_POOL_SCRATCH_BYTES (2048 * 1024)
+
+static eng_status conv_pool_build(krn_call *c, conv_state *s) {
+    const krn_conv_params *p = c->params;
+    const eng_tensor *x = &c->in[0];
+    int64_t N = x->dims[0], M = c->out[0].dims[1];
+    if (p->nspatial != 2 || M % 16 || x->dtype != ENG_DTYPE_F32 || (p->has_residual && c->nin > 3))
+        return eng_err(ENG_STATUS_INTERNAL, "conv+pool fusion needs a 2-D float32 conv with channels %% 16 == 0");
+    s->Hc = conv_out_dim(p, x->dims[2], 0);
+    s->Wc = conv_out_dim(p, x->dims[3], 1);
+    int64_t img = M * s->Hc * s->Wc * (int64_t)sizeof(float), nb = CONV_POOL_SCRATCH_BYTES / (img ? img : 1);
+    if (nb < 1) nb = 1;
+    if (nb > N) nb = N;
+    for (int64_t d = nb; d >= (nb + 1) / 2; d--) /* prefer a sub-batch that divides N: one primitive */
+        if (N % d == 0) {
+            nb = d;
+            break;
+        }
+    s->nb = nb;
+    s->scratch = eng_alloc((size_t)(nb * img));
+    if (!s->scratch) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv+pool scratch");
+    krn_conv_params pp = *p;
+    pp.pool = 0;
+    pp.y_layout = KRN_NN_LAYOUT_BLOCKED;
+    for (int k = 0; k < 2; k++) {
+        int64_t rows = k == 0 ? nb : N % nb;
+        if (rows == 0) continue;
+        eng_tensor in[3];
+        for (int i = 0; i < c->nin && i < 3; i++) in[i] = c->in[i];
+        in[0].dims[0] = rows;
+        eng_tensor out = c->out[0];
+        out.dims[0] = rows;
+        out.dims[2] = s->Hc;
+        out.dims[3] = s->Wc;
+        krn_call c2 = *c;
+        c2.params = &pp;
+        c2.in = in;
+        c2.nin = c->nin < 3 ? c->nin : 3;
+        c2.out = &out;
+        s->sub[k] = calloc(1, sizeof *s->sub[k]);
+        if (!s->sub[k]) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv state");
+        ENG_TRY(conv_dnnl_build(&c2, s->sub[k]));
+    }
+    s->use_dnnl = 1;
+    return ENG_STATUS_OK;
+}
+
+static eng_status conv_run_prim(conv_state *s, dnnl_stream_t stream, const void *src, void *dst, const krn_call *c) {
+    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, (void *)src));
+    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, dst));
+    if (!s->wconst) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
+    int na = 3;
+    if (s->mbias) {
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, c->in[2].data));
+        args[na].arg = DNNL_ARG_BIAS, args[na++].memory = s->mbias;
+    }
+    if (s->mres) {
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mres, c->in[3].data));
+        args[na].arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, args[na++].memory = s->mres;
+    }
+    KRN_DNNL_CHECK(dnnl_primitive_execute(s->prim, stream, na, args));
+    KRN_DNNL_CHECK(dnnl_stream_wait(stream));
+    return ENG_STATUS_OK;
+}
+
+static eng_status conv_pool_exec(krn_call *c, conv_state *s, dnnl_stream_t stream) {
+    const krn_conv_params *p = c->params;
+    const eng_tensor *x = &c->in[0], *y = &c->out[0];
+    int64_t N = x->dims[0], M = y->dims[1], OH = y->dims[2], OW = y->dims[3];
+    size_t xin = (size_t)(x->dims[1] * x->dims[2] * x->dims[3]), yimg = (size_t)(M * OH * OW);
+    for (int64_t n0 = 0; n0 < N; n0 += s->nb) {
+        int64_t rows = N - n0 < s->nb ? N - n0 : s->nb;
+        conv_state *sub = rows == s->nb ? s->sub[0] : s->sub[1];
+        ENG_TRY(conv_run_prim(sub, stream, (const float *)x->data + (size_t)n0 * xin, s->scratch, c));
+        krn_cpu_maxpool2d_blocked16(s->scratch, (float *)y->data + (size_t)n0 * yimg, rows, M, s->Hc, s->Wc, OH, OW,
+                                    p->pool_kernel[0], p->pool_kernel[1], p->pool_strides[0], p->pool_strides[1],
+                                    c->nthreads);
+    }
+    return ENG_STATUS_OK;
+}
+
 eng_status krn_cpu_conv_init(krn_call *c) {
     if (c->in[0].dtype != ENG_DTYPE_F32 || eng_tensor_numel(&c->out[0]) == 0 || eng_tensor_numel(&c->in[0]) == 0)
         return ENG_STATUS_OK;
     const krn_conv_params *p = c->params;
+    if (p->pool) {
+        conv_state *s = calloc(1, sizeof *s);
+        if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv state");
+        krn_dnnl_set_threads(c->nthreads);
+        eng_status st = conv_pool_build(c, s);
+        if (st != ENG_STATUS_OK) {
+            krn_cpu_conv_free(s);
+            return st;
+        }
+        c->state = s;
+        return ENG_STATUS_OK;
+    }
     conv_state *s = calloc(1, sizeof *s);
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv state");
     krn_dnnl_set_threads(c->nthreads);
@@ -245,26 +353,15 @@ static eng_status conv_exec_ref(krn_call *c) {
 
 eng_status krn_cpu_conv_exec(krn_call *c) {
     conv_state *s = c->state;
+    const krn_conv_params *p = c->params;
+    if (p->pool && (!s || !s->sub[0]))
+        return eng_err(ENG_STATUS_INTERNAL, "conv+pool kernel has no primitive (dtype %s)", eng_dtype_name(c->in[0].dtype));
     if (!s || !s->use_dnnl) return conv_exec_ref(c);
     dnnl_stream_t stream;
     ENG_TRY(krn_dnnl_stream(&stream));
     krn_dnnl_set_threads(c->nthreads);
-    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, c->in[0].data));
-    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, c->out[0].data));
-    if (!s->wconst) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
-    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
-    int na = 3;
-    if (s->mbias) {
-        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, c->in[2].data));
-        args[na].arg = DNNL_ARG_BIAS, args[na++].memory = s->mbias;
-    }
-    if (s->mres) {
-        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mres, c->in[3].data));
-        args[na].arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, args[na++].memory = s->mres;
-    }
-    KRN_DNNL_CHECK(dnnl_primitive_execute(s->prim, stream, na, args));
-    KRN_DNNL_CHECK(dnnl_stream_wait(stream));
-    return ENG_STATUS_OK;
+    if (p->pool) return conv_pool_exec(c, s, stream);
+    return conv_run_prim(s, stream, c->in[0].data, c->out[0].data, c);
 }
 
 /* ---- ConvTranspose (reference): y[n, g*Mg+m, o] += x[n, g*Cg+c, i] * W[g*Cg+c, m, k], o = i*s - pb + k*d ---- */

@@ -157,6 +157,33 @@ static inline int64_t pool_blk_off(int64_t n, int64_t ch, int64_t h, int64_t w, 
     return ((n * H + h) * W + w) * C + ch;
 }
 
+void krn_cpu_maxpool2d_blocked16(const float *X, float *Y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH,
+                                 int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int nthreads) {
+    int64_t CB = C / 16;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * CB * OH * OW > 2048)
+    for (int64_t nb = 0; nb < N * CB; nb++) {
+        const float *xb = X + nb * H * W * 16;
+        int64_t n = nb / CB, cb = nb % CB;
+        float *yb = Y + (n * C + cb * 16) * OH * OW;
+        float rowbuf[16 * 64]; /* one output row for 16 channels, [ow][16], then written out as 16 plain rows */
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow0 = 0; ow0 < OW; ow0 += 64) {
+                int64_t cnt = OW - ow0 < 64 ? OW - ow0 : 64;
+                for (int64_t o = 0; o < cnt; o++) {
+                    const float *w0 = xb + (oh * SH * W + (ow0 + o) * SW) * 16;
+                    __m512 acc = _mm512_loadu_ps(w0);
+                    for (int64_t kh = 0; kh < KH; kh++)
+                        for (int64_t kw = 0; kw < KW; kw++) acc = _mm512_max_ps(acc, _mm512_loadu_ps(w0 + (kh * W + kw) * 16));
+                    _mm512_storeu_ps(rowbuf + o * 16, acc);
+                }
+                for (int j = 0; j < 16; j++) {
+                    float *yr = yb + j * OH * OW + oh * OW + ow0;
+                    for (int64_t o = 0; o < cnt; o++) yr[o] = rowbuf[o * 16 + j];
+                }
+            }
+    }
+}
+
 /* nChw16c float32 MaxPool without padding/dilation, and GlobalAveragePool/GlobalMaxPool: 16 channels a vector. */
 static int pool_blocked16_fast(const krn_call *c, const pool_geo *g) {
     const krn_pool_params *p = c->params;
@@ -170,32 +197,23 @@ static int pool_blocked16_fast(const krn_call *c, const pool_geo *g) {
     if (p->global && !gmax && !gavg) return 0;
     const float *X = x->data;
     float *Y = c->out[0].data;
-    int64_t CB = C / 16, KH = g->k[1], KW = g->k[2], SH = g->s[1], SW = g->s[2];
-#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * CB * OH * OW > 2048)
+    if (!p->global) {
+        krn_cpu_maxpool2d_blocked16(X, Y, N, C, H, W, OH, OW, g->k[1], g->k[2], g->s[1], g->s[2], c->nthreads);
+        return 1;
+    }
+    int64_t CB = C / 16;
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (N * CB > 64)
     for (int64_t nb = 0; nb < N * CB; nb++) {
         const float *xb = X + nb * H * W * 16;
         int64_t n = nb / CB, cb = nb % CB;
-        float *yb = Y + (n * C + cb * 16) * OH * OW;
-        for (int64_t oh = 0; oh < OH; oh++)
-            for (int64_t ow = 0; ow < OW; ow++) {
-                __m512 acc;
-                if (p->global) {
-                    acc = gmax ? _mm512_set1_ps(-FLT_MAX) : _mm512_setzero_ps();
-                    for (int64_t i = 0; i < H * W; i++) {
-                        __m512 v = _mm512_loadu_ps(xb + i * 16);
-                        acc = gmax ? _mm512_max_ps(acc, v) : _mm512_add_ps(acc, v);
-                    }
-                    if (gavg) acc = _mm512_mul_ps(acc, _mm512_set1_ps(1.f / (float)(H * W)));
-                } else {
-                    const float *w0 = xb + (oh * SH * W + ow * SW) * 16;
-                    acc = _mm512_loadu_ps(w0);
-                    for (int64_t kh = 0; kh < KH; kh++)
-                        for (int64_t kw = 0; kw < KW; kw++) acc = _mm512_max_ps(acc, _mm512_loadu_ps(w0 + (kh * W + kw) * 16));
-                }
-                float tmp[16];
-                _mm512_storeu_ps(tmp, acc);
-                for (int j = 0; j < 16; j++) yb[j * OH * OW + oh * OW + ow] = tmp[j];
-            }
+        float *yb = Y + (n * C + cb * 16);
+        __m512 acc = gmax ? _mm512_set1_ps(-FLT_MAX) : _mm512_setzero_ps();
+        for (int64_t i = 0; i < H * W; i++) {
+            __m512 v = _mm512_loadu_ps(xb + i * 16);
+            acc = gmax ? _mm512_max_ps(acc, v) : _mm512_add_ps(acc, v);
+        }
+        if (gavg) acc = _mm512_mul_ps(acc, _mm512_set1_ps(1.f / (float)(H * W)));
+        _mm512_storeu_ps(yb, acc); /* global output is [N, C, 1, 1]: 16 consecutive channels */
     }
     return 1;
 }

@@ -137,32 +137,52 @@ static eng_status mm_gemv_pack(mm_state *s, const float *B, int trans_b, float a
     return ENG_STATUS_OK;
 }
 
+/* Rows are taken MM_GEMV_MR at a time so that one load of a packed B vector feeds MR independent FMA chains
+ * (one per row): B streams from cache once per row block instead of once per row. */
+#define MM_GEMV_MR 8
+
 static void mm_gemv_run(const mm_state *s, const float *A, float *Y, const float *bias, const krn_nn_act_params *act,
                         int nthreads) {
-    const int64_t M = s->M, K = s->K, N = s->N, np = (N + 15) / 16;
+    const int64_t M = s->M, K = s->K, N = s->N, np = (N + 15) / 16, mb = (M + MM_GEMV_MR - 1) / MM_GEMV_MR;
     const float *W = s->wpack;
     int relu = act->kind == KRN_NN_ACT_RELU && act->alpha == 0.f;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (np * M * K > 8192)
-    for (int64_t pm = 0; pm < np * M; pm++) {
-        int64_t p = pm / M, m = pm % M;
+    for (int64_t pm = 0; pm < np * mb; pm++) {
+        int64_t p = pm / mb, m0 = (pm % mb) * MM_GEMV_MR;
+        int64_t rows = M - m0 < MM_GEMV_MR ? M - m0 : MM_GEMV_MR;
         const float *wp = W + p * K * 16;
         int64_t n0 = p * 16, cnt = N - n0 < 16 ? N - n0 : 16;
         __mmask16 mk = (__mmask16)((1u << cnt) - 1);
-        const float *a = A + m * K;
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
-               acc3 = _mm512_setzero_ps();
-        int64_t k = 0;
-        for (; k + 4 <= K; k += 4) {
-            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(a[k]), _mm512_load_ps(wp + k * 16), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(a[k + 1]), _mm512_load_ps(wp + (k + 1) * 16), acc1);
-            acc2 = _mm512_fmadd_ps(_mm512_set1_ps(a[k + 2]), _mm512_load_ps(wp + (k + 2) * 16), acc2);
-            acc3 = _mm512_fmadd_ps(_mm512_set1_ps(a[k + 3]), _mm512_load_ps(wp + (k + 3) * 16), acc3);
+        const float *a = A + m0 * K;
+        __m512 acc[MM_GEMV_MR];
+        for (int r = 0; r < MM_GEMV_MR; r++) acc[r] = _mm512_setzero_ps();
+        if (rows == MM_GEMV_MR) {
+            for (int64_t k = 0; k < K; k++) {
+                __m512 w = _mm512_load_ps(wp + k * 16);
+                for (int r = 0; r < MM_GEMV_MR; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * K + k]), w, acc[r]);
+            }
+        } else { /* a partial block (and M = 1..7): one row at a time, four FMA chains over k */
+            for (int64_t r = 0; r < rows; r++) {
+                const float *ar = a + r * K;
+                __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps(),
+                       c3 = _mm512_setzero_ps();
+                int64_t k = 0;
+                for (; k + 4 <= K; k += 4) {
+                    c0 = _mm512_fmadd_ps(_mm512_set1_ps(ar[k]), _mm512_load_ps(wp + k * 16), c0);
+                    c1 = _mm512_fmadd_ps(_mm512_set1_ps(ar[k + 1]), _mm512_load_ps(wp + (k + 1) * 16), c1);
+                    c2 = _mm512_fmadd_ps(_mm512_set1_ps(ar[k + 2]), _mm512_load_ps(wp + (k + 2) * 16), c2);
+                    c3 = _mm512_fmadd_ps(_mm512_set1_ps(ar[k + 3]), _mm512_load_ps(wp + (k + 3) * 16), c3);
+                }
+                for (; k < K; k++) c0 = _mm512_fmadd_ps(_mm512_set1_ps(ar[k]), _mm512_load_ps(wp + k * 16), c0);
+                acc[r] = _mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3));
+            }
         }
-        for (; k < K; k++) acc0 = _mm512_fmadd_ps(_mm512_set1_ps(a[k]), _mm512_load_ps(wp + k * 16), acc0);
-        __m512 acc = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
-        if (bias) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mk, bias + n0));
-        if (relu) acc = _mm512_max_ps(acc, _mm512_setzero_ps());
-        _mm512_mask_storeu_ps(Y + m * N + n0, mk, acc);
+        __m512 bv = bias ? _mm512_maskz_loadu_ps(mk, bias + n0) : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            __m512 v = _mm512_add_ps(acc[r], bv);
+            if (relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+            _mm512_mask_storeu_ps(Y + (m0 + r) * N + n0, mk, v);
+        }
     }
     if (act->kind != KRN_NN_ACT_NONE && !relu) krn_nn_act_apply_f32(Y, M * N, act, 1);
 }
