@@ -23,7 +23,7 @@
 /* The server's signature.json reader (server/bundle.c) refuses keys other than signature_defs, labels,
  * labels_file and precision, so the preprocessing description goes to metrics.json; set this to 1 once the
  * reader accepts a "preprocessing" key to record it in signature.json as well. */
-#define TRN_SIGNATURE_PREPROCESSING 0
+#define TRN_SIGNATURE_PREPROCESSING 1
 
 static cJSON *num(double v) { return cJSON_CreateNumber(isfinite(v) ? v : NAN); }
 

@@ -4,7 +4,8 @@
  * Layout: <base>/<n>/model.onnx, optional <n>/signature.json:
  *   {"signature_defs": {"serving_default": {"inputs": {"client": "onnx_name" | {"name": "onnx_name",
  *        "dtype": "float32", "shape": [-1, 4]}, ...}, "outputs": {...}, "method_name": "..."}},
- *    "labels": ["cat", ...] | "labels_file": "labels.txt", "precision": "fp32"|"fp16"|"bf16"|"int8"}
+ *    "labels": ["cat", ...] | "labels_file": "labels.txt", "precision": "fp32"|"fp16"|"bf16"|"int8",
+ *    "preprocessing": "..." (recorded by tensord train; informational)}
  * Invariants:
  *  - Only plain positive integers (digits, no sign, no leading zero, fits int64) are versions; anything else
  *    (".tmp-3-123", "3.bak", "+3", "03") is ignored, so half-written directories are never seen.
@@ -355,9 +356,15 @@ srv_code srv_bundle_sig_read(const char *model, int64_t version, const char *vdi
             if (!cJSON_IsString(k)) c = SIGERR(SRV_INVALID_ARGUMENT, "labels_file must be a string");
         } else if (strcmp(k->string, "precision") == 0) {
             c = parse_precision(model, version, file, k, sig, err);
+        } else if (strcmp(k->string, "preprocessing") == 0) {
+            /* written by tensord train: how the training data was mapped onto the inputs (e.g. uint8 / 255,
+             * reshaped to [N,1,28,28]); recorded for clients and evaluation, not applied by the server */
+            if (!cJSON_IsString(k) && !cJSON_IsObject(k))
+                c = SIGERR(SRV_INVALID_ARGUMENT, "preprocessing must be a string or an object");
         } else {
             c = SIGERR(SRV_INVALID_ARGUMENT,
-                       "unknown key '%s' (expected signature_defs, labels, labels_file, precision)", k->string);
+                       "unknown key '%s' (expected signature_defs, labels, labels_file, precision, preprocessing)",
+                       k->string);
         }
     }
     if (c == SRV_OK && labels && labels_file)

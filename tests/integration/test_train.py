@@ -115,7 +115,11 @@ def test_train_writes_next_version(tensord_bin, tmp_path):
     assert np.mean([s["loss"] for s in steps[-10:]]) < np.mean([s["loss"] for s in steps[:10]])
     assert m["settings"]["batch_size"] == 32 and m["settings"]["optimizer"] == "adam"
     assert "x" in m["preprocessing"] and "label" in m["preprocessing"]
+    # signature.json: the base's, plus the preprocessing the data went through (so serving and evaluation can
+    # apply the same), which the server accepts when it loads the version
     sig = json.load(open(os.path.join(v2, "signature.json")))
+    pre = sig.pop("preprocessing")
+    assert "x" in pre and "label" in pre, pre
     assert sig == json.load(open(os.path.join(base, "1", "signature.json")))
 
     # the new version runs in onnxruntime and differs from the base
@@ -305,3 +309,24 @@ def test_keep_best_and_checkpoint_every(tensord_bin, tmp_path):
     # periodic checkpoints are pruned to the newest two; the max-steps stop leaves one at step 12
     ck = sorted(os.listdir(os.path.join(base, ".train-2")))
     assert ck == ["ckpt-10.bin", "ckpt-12.bin"], ck
+
+
+def test_trained_version_is_served(tensord_bin, tmp_path):
+    """The version tensord train writes (with preprocessing in signature.json) loads in `tensord serve` and
+    answers predict with the same outputs as onnxruntime on the written model.onnx."""
+    import serving_util as su
+
+    base = str(tmp_path / "m")
+    init(tensord_bin, base)
+    data = blobs(str(tmp_path / "d.npz"))
+    cp = train(tensord_bin, base, data, "--epochs", 1, "--val-split", 0.1)
+    assert cp.returncode == 0, cp.stderr
+    x = np.load(data)["x"][:3]
+    want = ort.InferenceSession(os.path.join(base, "2", "model.onnx")).run(None, {"x": x})[0]
+    with su.Server(tmp_path, base_path=base) as s:
+        st = s.get("/v1/models/m").json()
+        assert st["model_version_status"][0]["version"] == "2", st
+        assert st["model_version_status"][0]["state"] == "AVAILABLE", st
+        r = s.post_json("/v1/models/m:predict", {"instances": x.tolist()})
+        assert r.status_code == 200, r.text
+        su.assert_close(np.array(r.json()["predictions"], np.float32), want, "served predictions")
