@@ -105,22 +105,38 @@ static void safe_name(const char *in, char *out, size_t n) {
     out[k] = 0;
 }
 
-int srv_cmd_predict(int argc, char **argv) {
-    run_args a;
-    int rc = parse(argc, argv, &a, 0);
+/* Parse the command line and load the model: 0 with *s and *outs set (outs sized for the graph's outputs), or
+ * the exit code with everything released. */
+static int open_model(int argc, char **argv, int bench, run_args *a, eng_session **s, eng_tensor **outs) {
+    *s = NULL;
+    *outs = NULL;
+    int rc = parse(argc, argv, a, bench);
     if (rc) {
-        run_args_free(&a);
+        run_args_free(a);
         return rc;
     }
-    eng_session_opts so = {.nthreads = a.nthreads};
-    eng_session *s = NULL;
-    if (eng_session_new_file(a.model, &so, &s) != ENG_STATUS_OK) {
-        run_args_free(&a);
+    eng_session_opts so = {.nthreads = a->nthreads};
+    if (eng_session_new_file(a->model, &so, s) != ENG_STATUS_OK) {
+        run_args_free(a);
         return fail(NULL);
     }
+    *outs = calloc((size_t)eng_session_graph(*s)->noutputs + 1, sizeof **outs);
+    if (!*outs) {
+        eng_session_free(s);
+        run_args_free(a);
+        return fail("out of memory");
+    }
+    return 0;
+}
+
+int srv_cmd_predict(int argc, char **argv) {
+    run_args a;
+    eng_session *s;
+    eng_tensor *outs;
+    int rc = open_model(argc, argv, 0, &a, &s, &outs);
+    if (rc) return rc;
     const eng_graph *g = eng_session_graph(s);
-    eng_tensor *outs = calloc((size_t)g->noutputs + 1, sizeof *outs);
-    rc = outs ? run_once(s, &a, outs) : fail("out of memory");
+    rc = run_once(s, &a, outs);
     if (rc == 0 && mkdir(a.outdir, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "error: cannot create output directory '%s': %s\n", a.outdir, strerror(errno));
         rc = 1;
@@ -151,22 +167,13 @@ static int dbl_cmp(const void *x, const void *y) {
 
 int srv_cmd_bench(int argc, char **argv) {
     run_args a;
-    int rc = parse(argc, argv, &a, 1);
-    if (rc) {
-        run_args_free(&a);
-        return rc;
-    }
-    eng_session_opts so = {.nthreads = a.nthreads};
-    eng_session *s = NULL;
-    if (eng_session_new_file(a.model, &so, &s) != ENG_STATUS_OK) {
-        run_args_free(&a);
-        return fail(NULL);
-    }
-    const eng_graph *g = eng_session_graph(s);
-    eng_tensor *outs = calloc((size_t)g->noutputs + 1, sizeof *outs);
+    eng_session *s;
+    eng_tensor *outs;
+    int rc = open_model(argc, argv, 1, &a, &s, &outs);
+    if (rc) return rc;
     double *t = calloc((size_t)a.iterations, sizeof *t);
     double t0 = now_ms();
-    rc = (outs && t) ? run_once(s, &a, outs) : fail("out of memory");
+    rc = t ? run_once(s, &a, outs) : fail("out of memory");
     double first = now_ms() - t0;
     for (int i = 0; rc == 0 && i < a.warmup; i++) rc = run_once(s, &a, outs);
     for (int i = 0; rc == 0 && i < a.iterations; i++) {

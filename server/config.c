@@ -142,18 +142,6 @@ void srv_options_free(srv_options *o) {
     memset(o, 0, sizeof *o);
 }
 
-void srv_model_config_free(srv_model_config *c) {
-    if (!c) return;
-    free(c->name);
-    free(c->base_path);
-    free(c->platform);
-    free(c->versions);
-    for (int i = 0; i < c->nlabels; i++) free(c->label_names[i]);
-    free(c->label_names);
-    free(c->label_versions);
-    memset(c, 0, sizeof *c);
-}
-
 static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, srv_error *err) {
     memset(c, 0, sizeof *c);
     const char *name = srv_tp_str(m, "name"), *base = srv_tp_str(m, "base_path"), *plat = srv_tp_str(m, "model_platform");

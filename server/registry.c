@@ -85,9 +85,7 @@ const char *srv_state_name(srv_state s) {
     }
 }
 
-/* srv_model_config_free (registry.h) is defined in config.c; this private twin keeps the registry free of a
- * dependency on the config parser (and unit tests link without it). */
-static void cfg_free(srv_model_config *c) {
+void srv_model_config_free(srv_model_config *c) {
     if (!c) return;
     free(c->name);
     free(c->base_path);
@@ -124,7 +122,7 @@ static int cfg_copy(srv_model_config *d, const srv_model_config *s) {
             d->nlabels = i + 1;
         }
     }
-    if (!ok) cfg_free(d);
+    if (!ok) srv_model_config_free(d);
     return ok ? 0 : -1;
 }
 
@@ -192,7 +190,7 @@ static void model_free(reg_model *m) {
     for (int i = 0; i < m->nvers; i++) free(m->vers[i].error_message);
     free(m->vers);
     labels_free(m);
-    cfg_free(&m->cfg);
+    srv_model_config_free(&m->cfg);
     free(m);
 }
 
@@ -631,7 +629,7 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
     for (; nm && cp && ncp < n; ncp++)
         if (cfg_copy(&cp[ncp], &cfgs[ncp]) != 0) break;
     if (!nm || !cp || ncp < n) {
-        for (int i = 0; cp && i < ncp; i++) cfg_free(&cp[i]);
+        for (int i = 0; cp && i < ncp; i++) srv_model_config_free(&cp[i]);
         free(cp);
         free(nm);
         return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory copying the model config");
@@ -650,7 +648,7 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
         for (int i = 0; i < n; i++)
             if (nm[i] && !find_model(r, cp[i].name)) free(nm[i]);
         pthread_mutex_unlock(&r->mu);
-        for (int i = 0; i < n; i++) cfg_free(&cp[i]);
+        for (int i = 0; i < n; i++) srv_model_config_free(&cp[i]);
         free(cp);
         free(nm);
         return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory applying the model config");
@@ -662,7 +660,7 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
         for (int i = 0; i < n; i++)
             if (nm[i] && !find_model(r, cp[i].name)) free(nm[i]);
         pthread_mutex_unlock(&r->mu);
-        for (int i = 0; i < n; i++) cfg_free(&cp[i]);
+        for (int i = 0; i < n; i++) srv_model_config_free(&cp[i]);
         free(cp);
         free(nm);
         return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory applying the model config");
@@ -683,7 +681,7 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
         cp[i].label_names = NULL;
         cp[i].label_versions = NULL;
         cp[i].nlabels = 0;
-        cfg_free(mc);
+        srv_model_config_free(mc);
         *mc = cp[i];
         cp[i].label_names = ln; /* labels stay pending in cp until checked */
         cp[i].label_versions = lv;
@@ -729,7 +727,7 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
         cp[i].nlabels = 0;
     }
     pthread_mutex_unlock(&r->mu);
-    for (int i = 0; i < n; i++) cfg_free(&cp[i]);
+    for (int i = 0; i < n; i++) srv_model_config_free(&cp[i]);
     free(cp);
     return c;
 }
