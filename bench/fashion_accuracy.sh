@@ -34,7 +34,7 @@ np.save(f"{work}/x.npy", x)
 np.save(f"{work}/y.npy", y)
 PYEOF
 "$BIN" predict --model "$WORK/fashion/2" --input "x=$WORK/x.npy" --output-dir "$WORK/pred" >/dev/null
-"$PY" - "$WORK" "$BAR" "$(echo "$end - $start" | bc)" <<'PYEOF'
+"$PY" - "$WORK" "$BAR" "$("$PY" -c "print($end - $start)")" <<'PYEOF'
 import glob, json, sys
 import numpy as np
 work, bar, secs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
