@@ -61,7 +61,7 @@ $(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
 $(GEN)/onnx.pb-c.o: $(GEN)/onnx.pb-c.c
 	$(CC) $(CFLAGS_BASE) -w -c $< -o $@
 
-$(BUILD)/obj/%.o: %.c $(GEN)/onnx.pb-c.h
+$(BUILD)/obj/%.o: %.c $(GEN)/onnx.pb-c.h Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 

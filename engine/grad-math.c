@@ -96,7 +96,34 @@ static eng_status act(eng_grad_ctx *c, const char *op, int v) {
     return set_dx(c, 0, out);
 }
 
-static eng_status g_relu(eng_grad_ctx *c) { return act(c, "ReluGrad", OUT(0)); }
+/* Relu whose only gradient comes from a MaxPool over its output: instead of ReluGrad(MaxPoolGrad(dy, y), y),
+ * the MaxPoolGrad node gets fused_relu=1 (it applies the y > 0 mask while routing, bit-identical) and its
+ * output is dx; that saves a full pass over the activation. dy[0] is that node's output only when the Relu
+ * output had a single gradient contribution (no Sum), so nothing else reads it. */
+static int relu_pool_fusable(eng_grad_ctx *c) {
+    int y = OUT(0), dy = c->dy[0];
+    if (dy < 0 || y < 0) return -1;
+    for (int k = c->g->nnodes - 1; k >= 0; k--) {
+        const eng_node *n = &c->g->nodes[k];
+        int hit = 0;
+        for (int j = 0; j < n->nout; j++) hit |= n->outputs[j] == dy;
+        if (!hit) continue;
+        if (strcmp(n->op_type, "MaxPoolGrad") || strcmp(n->domain, "com.tensord") || n->nout != 1 || n->nin != 2 ||
+            n->inputs[1] != y || eng_node_attr_int(n, "fused_relu", 0))
+            return -1;
+        return k;
+    }
+    return -1;
+}
+
+static eng_status g_relu(eng_grad_ctx *c) {
+    int pool = relu_pool_fusable(c);
+    if (pool >= 0) {
+        ENG_TRY(eng_grad_attr_int(c, pool, "fused_relu", 1));
+        return set_dx(c, 0, c->dy[0]);
+    }
+    return act(c, "ReluGrad", OUT(0));
+}
 static eng_status g_leaky(eng_grad_ctx *c) { return act(c, "LeakyReluGrad", IN(0)); }
 static eng_status g_gelu(eng_grad_ctx *c) { return act(c, "GeluGrad", IN(0)); }
 static eng_status g_erf(eng_grad_ctx *c) { return act(c, "ErfGrad", IN(0)); }

@@ -171,12 +171,19 @@ float eng_optim_lr(const eng_optim *o) { return o ? (float)optim_lr_at(&o->o, o-
 int64_t eng_optim_step_count(const eng_optim *o) { return o ? o->step : 0; }
 float eng_optim_last_grad_norm(const eng_optim *o) { return o ? o->last_norm : 0.0f; }
 
+/* Sum of squares in float over 4096-element blocks (vectorised), blocks summed in double. */
 static double sum_squares(const float *g, int64_t n, float scale) {
     double ss = 0;
 #pragma omp parallel for reduction(+ : ss) if (n >= OPTIM_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        double x = (double)(g[i] * scale);
-        ss += x * x;
+    for (int64_t b = 0; b < n; b += 4096) {
+        int64_t e = b + 4096 < n ? b + 4096 : n;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = b; i < e; i++) {
+            float x = g[i] * scale;
+            acc += x * x;
+        }
+        ss += acc;
     }
     return ss;
 }

@@ -28,6 +28,8 @@ struct trn_replica {
     eng_tensor *outs;
     float *pack;          /* c->pack_n floats */
     int loss_out, acc_out;/* output indices (acc -1 when the loss has no accuracy metric) */
+    int direct;           /* R == 1 and rows > 0: trn_step reads grads / BN updates straight from outs (the plan's
+                           * buffers, valid until the next run) instead of copying them into pack */
     const eng_batch *b;
     int64_t row0, rows;
     eng_status st;
@@ -134,7 +136,8 @@ static eng_status replica_run(trn_replica *rp) {
     const eng_graph *g = eng_session_graph(rp->s);
     float *pack = rp->pack;
     eng_status st = ENG_STATUS_OK;
-    memset(pack, 0, (size_t)c->pack_n * sizeof(float));
+    rp->direct = c->R == 1 && rp->rows > 0;
+    if (!rp->direct) memset(pack, 0, (size_t)c->pack_n * sizeof(float));
     if (rp->rows > 0) {
         feed_rows(c, rp->feed, rp->b, rp->row0, rp->rows);
         st = eng_session_run(rp->s, rp->nfeed, rp->names, rp->feed, rp->outs);
@@ -150,6 +153,7 @@ static eng_status replica_run(trn_replica *rp) {
                                  eng_dtype_name(o->dtype), (long long)p->n);
                     break;
                 }
+                if (rp->direct) continue;
                 const float *src = o->data;
                 float *dst = pack + p->off;
                 if (scale == 1.0f) memcpy(dst, src, (size_t)p->n * sizeof(float));
@@ -208,7 +212,8 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         if (c->reps[r].st != ENG_STATUS_OK) {
             return eng_err(c->reps[r].st, "%s%s", R > 1 ? "replica: " : "", c->reps[r].err);
         }
-    float *pack = c->reps[0].pack;
+    const trn_replica *r0 = &c->reps[0];
+    float *pack = r0->pack;
     *loss = pack[c->pack_n - 2];
     *acc = pack[c->pack_n - 1];
     if (!isfinite(*loss)) return ENG_STATUS_OK; /* the caller reports NaN with epoch/step */
@@ -217,10 +222,11 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
     float *params[c->ntrain > 0 ? c->ntrain : 1];
     for (int i = 0; i < c->nparams; i++) {
         trn_param *p = &c->params[i];
+        const float *src = r0->direct ? (p->out >= 0 ? (const float *)r0->outs[p->out].data : NULL) : pack + p->off;
         if (p->is_bn) {
-            if (p->out >= 0) memcpy(p->w, pack + p->off, (size_t)p->n * sizeof(float));
+            if (p->out >= 0) memcpy(p->w, src, (size_t)p->n * sizeof(float));
         } else {
-            grads[i] = pack + p->off;
+            grads[i] = (float *)src;
             params[i] = p->w;
         }
     }

@@ -61,6 +61,8 @@ typedef struct krn_conv_grad_params {
  * window (the forward kernel's choice). */
 typedef struct krn_pool_grad_params {
     krn_pool_params pool;
+    int relu; /* MaxPoolGrad attribute fused_relu=1: x is a Relu output and dx also gets ReluGrad's mask (x > 0);
+               * engine/grad-math.c sets it instead of emitting ReluGrad(MaxPoolGrad(dy, y), y) */
 } krn_pool_grad_params;
 
 /* MatMulGrad(dy, A, B) -> dA, dB with numpy broadcasting and 1-D operands, summed over broadcast batch dims. */

@@ -198,6 +198,7 @@ static eng_status pool_infer(eng_op_ctx *c) {
     ENG_TRY(grad_check_f32(&c->in[1], "x"));
     ENG_TRY(grad_fwd_checked(c, fwd, &c->in[1], 1, 1, &p->pool, sizeof p->pool));
     if (p->pool.x_layout != KRN_NN_LAYOUT_PLAIN) return eng_err(ENG_STATUS_UNSUPPORTED, "blocked layout");
+    p->relu = p->pool.kind == KRN_POOL_MAX && eng_node_attr_int(c->node, "fused_relu", 0) != 0;
     grad_set_like(c, 0, &c->in[1], ENG_DTYPE_F32);
     return ENG_STATUS_OK;
 }

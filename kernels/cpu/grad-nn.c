@@ -3,11 +3,17 @@
  *
  * Conv and pools treat 1-3 spatial dims as 3-D with leading 1s. ConvGrad per image and group:
  *   col = im2col(x)  (Cg*K, O);  dW += dy (Mg, O) @ col^T;  dcol = W^T @ dy;  dx = col2im(dcol);  db = sum dy.
- * Images run in parallel (one col buffer per thread); dW is accumulated per thread, then summed. Outputs that
- * are omitted (data NULL) are skipped. MaxPoolGrad routes dy to the first maximum of each window, as the
- * forward kernel picks it; AveragePoolGrad uses the forward's divisor (count_include_pad, clipped windows).
+ * Images run in parallel (one col buffer per thread); dW and db are accumulated per thread, then summed. Small
+ * Cg*K (first layers) use a register-blocked AVX-512 dW kernel that also sums db, instead of sgemm. Outputs
+ * that are omitted (data NULL) are skipped. MaxPoolGrad routes dy to the first maximum of each window, as the
+ * forward kernel picks it (non-overlapping unpadded windows: one write pass, 2x2/2 vectorised; with
+ * fused_relu it also applies ReluGrad's x > 0 mask); AveragePoolGrad uses the forward's divisor
+ * (count_include_pad, clipped windows).
  */
 #include <cblas.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -72,6 +78,66 @@ static void im2col(const geo3 *g, int64_t ch, const float *x, float *col, int ba
                 }
 }
 
+/* Sum of n floats: 64 float lanes (vectorised), folded into double. */
+static double sum_f32(const float *v, int64_t n) {
+    float acc[64] = {0};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int j = 0; j < 64; j++) acc[j] += v[i + j];
+    double s = 0;
+    for (; i < n; i++) s += v[i];
+    for (int j = 0; j < 64; j++) s += acc[j];
+    return s;
+}
+
+#ifdef __AVX512F__
+/* dW (Mg, CK) += dy (Mg, O) @ col^T (CK, O) and db (Mg) += row sums of dy, for small CK (first layers: C*K of
+ * a few dozen) where sgemm's per-call packing costs more than the arithmetic. 2 dy rows x 9 col rows per tile,
+ * 18 zmm accumulators over the whole reduction length O; rows past the end are clamped and their sums dropped. */
+#define DW_MR 2
+#define DW_NR 9
+static void conv_dw_small(const float *dy, const float *col, int64_t Mg, int64_t CK, int64_t O, float *dw, float *db) {
+    __mmask16 tail = (__mmask16)((1u << (O % 16)) - 1);
+    int64_t Of = O - O % 16;
+    for (int64_t m0 = 0; m0 < Mg; m0 += DW_MR) {
+        const float *d[DW_MR];
+        for (int r = 0; r < DW_MR; r++) d[r] = dy + (m0 + r < Mg ? m0 + r : Mg - 1) * O;
+        for (int64_t j0 = 0; j0 < CK; j0 += DW_NR) {
+            const float *cr[DW_NR];
+            for (int j = 0; j < DW_NR; j++) cr[j] = col + (j0 + j < CK ? j0 + j : CK - 1) * O;
+            __m512 acc[DW_MR][DW_NR], sum[DW_MR];
+            for (int r = 0; r < DW_MR; r++) {
+                sum[r] = _mm512_setzero_ps();
+                for (int j = 0; j < DW_NR; j++) acc[r][j] = _mm512_setzero_ps();
+            }
+            int64_t o = 0;
+            for (; o < Of; o += 16) {
+                __m512 dv[DW_MR];
+                for (int r = 0; r < DW_MR; r++) dv[r] = _mm512_loadu_ps(d[r] + o), sum[r] = _mm512_add_ps(sum[r], dv[r]);
+                for (int j = 0; j < DW_NR; j++) {
+                    __m512 cv = _mm512_loadu_ps(cr[j] + o);
+                    for (int r = 0; r < DW_MR; r++) acc[r][j] = _mm512_fmadd_ps(dv[r], cv, acc[r][j]);
+                }
+            }
+            if (tail) {
+                __m512 dv[DW_MR];
+                for (int r = 0; r < DW_MR; r++)
+                    dv[r] = _mm512_maskz_loadu_ps(tail, d[r] + o), sum[r] = _mm512_add_ps(sum[r], dv[r]);
+                for (int j = 0; j < DW_NR; j++) {
+                    __m512 cv = _mm512_maskz_loadu_ps(tail, cr[j] + o);
+                    for (int r = 0; r < DW_MR; r++) acc[r][j] = _mm512_fmadd_ps(dv[r], cv, acc[r][j]);
+                }
+            }
+            for (int r = 0; r < DW_MR && m0 + r < Mg; r++) {
+                for (int j = 0; j < DW_NR && j0 + j < CK; j++) dw[(m0 + r) * CK + j0 + j] += _mm512_reduce_add_ps(acc[r][j]);
+                if (db && j0 == 0) db[m0 + r] += _mm512_reduce_add_ps(sum[r]);
+            }
+        }
+    }
+}
+#define CONV_DW_SMALL_MAX_CK 36
+#endif
+
 eng_status krn_cpu_grad_conv_exec(krn_call *c) {
     const krn_conv_params *p = &((const krn_conv_grad_params *)c->params)->conv;
     const eng_tensor *dyt = &c->in[0], *xt = &c->in[1], *wt = &c->in[2];
@@ -85,20 +151,22 @@ eng_status krn_cpu_grad_conv_exec(krn_call *c) {
     int64_t n = xt->dims[0], C = xt->dims[1], M = wt->dims[0], G = p->group > 0 ? p->group : 1;
     int64_t Cg = C / G, Mg = M / G, K = g.k[0] * g.k[1] * g.k[2], O = g.out[0] * g.out[1] * g.out[2];
     int64_t isz = g.in[0] * g.in[1] * g.in[2], wsz = M * Cg * K;
-    if (db)
-        for (int64_t m = 0; m < M; m++) {
-            double s = 0;
-            for (int64_t b = 0; b < n; b++)
-                for (int64_t o = 0; o < O; o++) s += dy[(b * M + m) * O + o];
-            db[m] = (float)s;
-        }
-    if (!dx && !dw) return ENG_STATUS_OK;
+    if (!dx && !dw && !db) return ENG_STATUS_OK;
     if (dx) memset(dx, 0, (size_t)(n * C * isz) * sizeof(float));
     int nt = c->nthreads > 0 ? c->nthreads : 1;
     if (nt > n) nt = (int)(n > 0 ? n : 1);
-    size_t colsz = (size_t)(Cg * K * O);
+    size_t colsz = (dx || dw) ? (size_t)(Cg * K * O) : 0;
     float *scratch = eng_alloc(((size_t)nt * (2 * colsz + (dw ? (size_t)wsz : 0)) + 1) * sizeof(float));
-    if (!scratch) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "ConvGrad scratch (%lld threads x %zu floats)", (long long)nt, colsz);
+    int small = 0;
+#ifdef CONV_DW_SMALL_MAX_CK
+    small = dw && Cg * K <= CONV_DW_SMALL_MAX_CK && O >= 16;
+#endif
+    float *dbt = db ? calloc((size_t)nt * (size_t)M, sizeof(float)) : NULL;
+    if (!scratch || (db && !dbt)) {
+        eng_free(scratch);
+        free(dbt);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "ConvGrad scratch (%lld threads x %zu floats)", (long long)nt, colsz);
+    }
     float *dwt = scratch + (size_t)nt * 2 * colsz;
     if (dw) memset(dwt, 0, (size_t)nt * (size_t)wsz * sizeof(float));
     int blas_threads = openblas_get_num_threads();
@@ -108,13 +176,22 @@ eng_status krn_cpu_grad_conv_exec(krn_call *c) {
         int tid = omp_get_thread_num();
         float *col = scratch + (size_t)tid * 2 * colsz, *dcol = col + colsz;
         float *mydw = dwt + (size_t)tid * (size_t)wsz;
+        float *mydb = db ? dbt + (size_t)tid * (size_t)M : NULL;
+        if (db && !small)
+            for (int64_t m = 0; m < M; m++) mydb[m] += (float)sum_f32(dy + (b * M + m) * O, O);
+        if (!dx && !dw) continue;
         for (int64_t gi = 0; gi < G; gi++) {
             const float *xb = x + (b * C + gi * Cg) * isz, *dyb = dy + (b * M + gi * Mg) * O;
             const float *wg = w + gi * Mg * Cg * K;
             if (dw) {
                 im2col(&g, Cg, xb, col, 0, NULL);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Mg, (int)(Cg * K), (int)O, 1.0f, dyb, (int)O,
-                            col, (int)O, 1.0f, mydw + gi * Mg * Cg * K, (int)(Cg * K));
+#ifdef CONV_DW_SMALL_MAX_CK
+                if (small)
+                    conv_dw_small(dyb, col, Mg, Cg * K, O, mydw + gi * Mg * Cg * K, mydb ? mydb + gi * Mg : NULL);
+#endif
+                if (!small)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Mg, (int)(Cg * K), (int)O, 1.0f, dyb,
+                                (int)O, col, (int)O, 1.0f, mydw + gi * Mg * Cg * K, (int)(Cg * K));
             }
             if (dx) {
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(Cg * K), (int)O, (int)Mg, 1.0f, wg,
@@ -124,6 +201,14 @@ eng_status krn_cpu_grad_conv_exec(krn_call *c) {
         }
     }
     if (nt > 1) openblas_set_num_threads(blas_threads);
+    if (db) {
+        for (int64_t m = 0; m < M; m++) {
+            double sm = 0;
+            for (int t = 0; t < nt; t++) sm += dbt[(size_t)t * (size_t)M + (size_t)m];
+            db[m] = (float)sm;
+        }
+        free(dbt);
+    }
     if (dw) {
         for (int64_t i = 0; i < wsz; i++) {
             double s = 0;
@@ -143,6 +228,99 @@ static int64_t padded_count(int64_t start, int64_t k, int64_t d, int64_t lo, int
     return n;
 }
 
+/* MaxPoolGrad with non-overlapping windows (stride >= kernel, no padding, no dilation, outermost spatial dim
+ * 1): each x cell is in at most one window, so dx is written once, with no scatter and no separate zeroing
+ * pass. Per plane, window rows run across the output row; the 2x2 stride-2 case runs 16 windows per AVX-512
+ * step. Same routing as the general loop (first maximum, strict >). Returns 0 when it does not apply. */
+static void maxpool_grad_row_generic(const geo3 *g, const float *xp, float *dp, const float *gy, int64_t o1, int relu) {
+    int64_t W = g->in[2], r0 = o1 * g->s[1];
+    for (int64_t o2 = 0; o2 < g->out[2]; o2++) {
+        int64_t c0 = o2 * g->s[2], bi = r0 * W + c0;
+        float best = xp[bi];
+        for (int64_t k1 = 0; k1 < g->k[1]; k1++)
+            for (int64_t k2 = 0; k2 < g->k[2]; k2++) {
+                int64_t idx = (r0 + k1) * W + c0 + k2;
+                if (xp[idx] > best) best = xp[idx], bi = idx;
+            }
+        for (int64_t k1 = 0; k1 < g->k[1]; k1++)
+            for (int64_t k2 = 0; k2 < g->k[2]; k2++) dp[(r0 + k1) * W + c0 + k2] = 0.0f;
+        dp[bi] = relu && !(best > 0.0f) ? 0.0f : gy[o2];
+    }
+}
+
+#ifdef __AVX512F__
+/* k = s = 2 along both dims: one output row (two x rows), 16 windows per step. */
+static void maxpool_grad_row_2x2(const float *x0, const float *x1, float *d0, float *d1, const float *gy, int64_t ow,
+                                 int relu) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int64_t o = 0; o < ow; o += 16) {
+        int64_t n = ow - o < 16 ? ow - o : 16;
+        __mmask16 m = (__mmask16)((1u << n) - 1);
+        __mmask16 mlo = (__mmask16)(n >= 8 ? 0xffff : (1u << (2 * n)) - 1);
+        __mmask16 mhi = (__mmask16)(n <= 8 ? 0 : (1u << (2 * (n - 8))) - 1);
+        const float *a0 = x0 + 2 * o, *a1 = x1 + 2 * o;
+        __m512 p0 = _mm512_maskz_loadu_ps(mlo, a0), p1 = _mm512_maskz_loadu_ps(mhi, a0 + 16);
+        __m512 q0 = _mm512_maskz_loadu_ps(mlo, a1), q1 = _mm512_maskz_loadu_ps(mhi, a1 + 16);
+        __m512 a = _mm512_permutex2var_ps(p0, ev, p1), b = _mm512_permutex2var_ps(p0, od, p1);
+        __m512 cc = _mm512_permutex2var_ps(q0, ev, q1), dd = _mm512_permutex2var_ps(q0, od, q1);
+        __m512 gv = _mm512_maskz_loadu_ps(m, gy + o);
+        /* first maximum in order a, b, c, d (strict >) */
+        __mmask16 sb = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ);
+        __m512 best = _mm512_mask_blend_ps(sb, a, b);
+        __mmask16 sc = _mm512_cmp_ps_mask(cc, best, _CMP_GT_OQ);
+        best = _mm512_mask_blend_ps(sc, best, cc);
+        __mmask16 sd = _mm512_cmp_ps_mask(dd, best, _CMP_GT_OQ);
+        best = _mm512_mask_blend_ps(sd, best, dd);
+        if (relu) gv = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(best, _mm512_setzero_ps(), _CMP_GT_OQ), gv);
+        sc &= (__mmask16)~sd;
+        sb &= (__mmask16)~(sc | sd);
+        __mmask16 sa = (__mmask16)~(sb | sc | sd);
+        __m512 ga = _mm512_maskz_mov_ps(sa, gv), gb = _mm512_maskz_mov_ps(sb, gv);
+        __m512 gc = _mm512_maskz_mov_ps(sc, gv), gd = _mm512_maskz_mov_ps(sd, gv);
+        _mm512_mask_storeu_ps(d0 + 2 * o, mlo, _mm512_permutex2var_ps(ga, lo, gb));
+        _mm512_mask_storeu_ps(d0 + 2 * o + 16, mhi, _mm512_permutex2var_ps(ga, hi, gb));
+        _mm512_mask_storeu_ps(d1 + 2 * o, mlo, _mm512_permutex2var_ps(gc, lo, gd));
+        _mm512_mask_storeu_ps(d1 + 2 * o + 16, mhi, _mm512_permutex2var_ps(gc, hi, gd));
+    }
+}
+#endif
+
+static int maxpool_grad_fast(const krn_call *c, const geo3 *g, int64_t planes, const float *dy, const float *x,
+                             float *dx, int relu) {
+    for (int i = 0; i < 3; i++)
+        if (g->d[i] != 1 || g->pb[i] || g->pe[i] || g->s[i] < g->k[i] || g->k[i] < 1) return 0;
+    if (g->in[0] != 1 || g->out[1] < 1 || g->out[2] < 1) return 0;
+    for (int i = 1; i < 3; i++)
+        if ((g->out[i] - 1) * g->s[i] + g->k[i] > g->in[i]) return 0;
+    int64_t H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2], isz = H * W, osz = OH * OW;
+    /* cells outside every window: columns between/after windows, rows between/after window rows */
+    int64_t covw = g->s[2] == g->k[2] ? OW * g->k[2] : -1, covh = g->s[1] == g->k[1] ? OH * g->k[1] : -1;
+    int exact = covw == W && covh == H;
+#ifdef __AVX512F__
+    int k22 = g->k[1] == 2 && g->s[1] == 2 && g->k[2] == 2 && g->s[2] == 2;
+#endif
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * isz > 32768)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const float *xp = x + pl * isz, *gp = dy + pl * osz;
+        float *dp = dx + pl * isz;
+        if (!exact) memset(dp, 0, (size_t)isz * sizeof(float));
+        for (int64_t o1 = 0; o1 < OH; o1++) {
+#ifdef __AVX512F__
+            if (k22) {
+                int64_t r = 2 * o1 * W;
+                maxpool_grad_row_2x2(xp + r, xp + r + W, dp + r, dp + r + W, gp + o1 * OW, OW, relu);
+                continue;
+            }
+#endif
+            maxpool_grad_row_generic(g, xp, dp, gp + o1 * OW, o1, relu);
+        }
+    }
+    return 1;
+}
+
 eng_status krn_cpu_grad_pool_exec(krn_call *c) {
     const krn_pool_params *p = &((const krn_pool_grad_params *)c->params)->pool;
     const eng_tensor *dyt = &c->in[0], *xt = &c->in[1];
@@ -156,8 +334,10 @@ eng_status krn_cpu_grad_pool_exec(krn_call *c) {
     if (p->global) geo3_fill(&g, nsp, xt->dims + 2, dyt->dims + 2, xt->dims + 2, one, one, zero);
     else geo3_fill(&g, nsp, xt->dims + 2, dyt->dims + 2, p->kernel, p->strides, p->dilations, p->pads);
     int64_t planes = xt->dims[0] * xt->dims[1], isz = g.in[0] * g.in[1] * g.in[2], osz = g.out[0] * g.out[1] * g.out[2];
-    memset(dx, 0, (size_t)(planes * isz) * sizeof(float));
     int mx = p->kind == KRN_POOL_MAX, cip = p->count_include_pad;
+    int relu = mx && ((const krn_pool_grad_params *)c->params)->relu;
+    if (mx && maxpool_grad_fast(c, &g, planes, dy, x, dx, relu)) return ENG_STATUS_OK;
+    memset(dx, 0, (size_t)(planes * isz) * sizeof(float));
 #pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * osz > 4096)
     for (int64_t pl = 0; pl < planes; pl++) {
         const float *xp = x + pl * isz;
@@ -196,7 +376,7 @@ eng_status krn_cpu_grad_pool_exec(krn_call *c) {
                                   padded_count(s1, g.k[1], g.d[1], -g.pb[1], g.in[1] + g.pe[1]) *
                                   padded_count(s2, g.k[2], g.d[2], -g.pb[2], g.in[2] + g.pe[2]);
                     }
-                    if (mx && bi >= 0) dp[bi] += gv;
+                    if (mx && bi >= 0 && (!relu || xp[bi] > 0)) dp[bi] += gv;
                 }
     }
     return ENG_STATUS_OK;

@@ -7,6 +7,7 @@
  * axis so that no two threads add to one element.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,23 @@ static eng_status rts_exec(krn_call *c) {
     double *acc = calloc((size_t)(ny > 0 ? ny : 1), sizeof *acc);
     if (!acc) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "ReduceToShape accumulator of %lld", (long long)ny);
     int r = dy->ndim, off = r - y->ndim;
+    /* common case (bias gradients): y is dy's trailing dims (leading ones 1 or absent) -> column sums of rows */
+    int k = r;
+    int64_t tail = 1;
+    while (k > 0 && tail < ny) tail *= dy->dims[--k];
+    int rows_case = ny > 0 && tail == ny && dy->dtype == ENG_DTYPE_F32;
+    for (int d = 0; d < r && rows_case; d++) {
+        int64_t yd = d >= off ? y->dims[d - off] : 1;
+        rows_case = d >= k ? yd == dy->dims[d] : yd == 1;
+    }
+    if (rows_case) {
+        const float *g = dy->data;
+        for (int64_t row = 0; row < n / ny; row++)
+            for (int64_t j = 0; j < ny; j++) acc[j] += g[row * ny + j];
+        eng_status st = eng_convert(acc, ENG_DTYPE_F64, y->data, y->dtype, ny);
+        free(acc);
+        return st;
+    }
     int64_t ys[ENG_MAX_DIMS], os[ENG_MAX_DIMS] = {0}, idx[ENG_MAX_DIMS] = {0};
     strides_of(y, ys);
     for (int d = 0; d < r; d++) os[d] = d >= off && y->dims[d - off] != 1 ? ys[d - off] : 0;
@@ -85,6 +103,21 @@ static eng_status act_exec(krn_call *c) {
     int kind = p->kind;
     float alpha = p->alpha;
     int gt = p->gelu_tanh;
+    if (kind == KRN_ACT_GRAD_RELU || kind == KRN_ACT_GRAD_LEAKY_RELU) {
+        /* float select, vectorised; threads only for large tensors (one pass is memory-bound) */
+        float a = kind == KRN_ACT_GRAD_RELU ? 0.0f : alpha;
+        int nt = n > 262144 ? c->nthreads : 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            int t = omp_get_thread_num(), T = omp_get_num_threads();
+            int64_t per = ((n + T - 1) / T + 15) & ~(int64_t)15, b = t * per, e = b + per < n ? b + per : n;
+            if (kind == KRN_ACT_GRAD_RELU)
+                for (int64_t i = b; i < e; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+            else
+                for (int64_t i = b; i < e; i++) dx[i] = x[i] > 0.0f ? dy[i] : dy[i] * a;
+        }
+        return ENG_STATUS_OK;
+    }
 #pragma omp parallel for num_threads(c->nthreads) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         double v = x[i], g = dy[i], r;
