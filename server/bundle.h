@@ -80,6 +80,8 @@ struct srv_version {
     srv_bundle_sig sig;
     eng_session *sess;
     pthread_mutex_t run_mu; /* one run + output copy at a time (session outputs are views) */
+    _Atomic int64_t row_ns;  /* exponential average of run time per input row (ns); 0: not measured yet */
+    atomic_int slow_runs;    /* runs in progress or waiting for run_mu not expected to be quick */
     srv_batcher *batcher;
     srv_metrics *metrics;
     srv_registry *reg;       /* told when this object is destroyed */

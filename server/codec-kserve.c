@@ -224,9 +224,170 @@ static srv_code srv_kserve_outputs(const cJSON *jo, const srv_version_info *info
     return SRV_OK;
 }
 
+/* ---- fast path: the common body without a cJSON tree ---- */
+
+/* A plain JSON string (no escapes, no control characters) at *pp: its bounds. */
+static int srv_kfast_str(const char **pp, const char *end, const char **s, size_t *n) {
+    const char *p = *pp;
+    if (p >= end || *p != '"') return 0;
+    const char *q = ++p;
+    while (q < end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
+    if (q >= end) return 0;
+    *s = p;
+    *n = (size_t)(q - p);
+    *pp = q + 1;
+    return 1;
+}
+
+static int srv_kfast_is(const char *s, size_t n, const char *lit) { return strlen(lit) == n && !memcmp(s, lit, n); }
+
+/* '"key" :' at *pp (after whitespace); the key's bounds. */
+static int srv_kfast_key(const char **pp, const char *end, const char **k, size_t *kn) {
+    const char *p = srv_json_ws(*pp, end);
+    if (!srv_kfast_str(&p, end, k, kn)) return 0;
+    p = srv_json_ws(p, end);
+    if (p >= end || *p != ':') return 0;
+    *pp = srv_json_ws(p + 1, end);
+    return 1;
+}
+
+/* After a member: ',' (1) or the closing c (2); 0 otherwise. */
+static int srv_kfast_next(const char **pp, const char *end, char c) {
+    const char *p = srv_json_ws(*pp, end);
+    if (p >= end || (*p != ',' && *p != c)) return 0;
+    *pp = p + 1;
+    return *p == ',' ? 1 : 2;
+}
+
+/* One input object {"name", "datatype", "shape": [plain integers], "data": [numbers]} (name and datatype before
+ * data, nothing else) that the general path would accept as is; 1 with the tensor added. */
+static int srv_kfast_input(const char **pp, const char *end, const srv_version_info *info, char *seen,
+                           srv_tensors *in) {
+    const char *p = srv_json_ws(*pp, end), *name = NULL, *dts = NULL;
+    size_t namen = 0, dtn = 0;
+    int k = -1, have_shape = 0, have_data = 0, ndim = 0, dn = 0;
+    int64_t dims[ENG_MAX_DIMS], ddims[ENG_MAX_DIMS];
+    eng_tensor t = {0};
+    void *data = NULL;
+    if (p >= end || *p++ != '{') return 0;
+    for (;;) {
+        const char *key;
+        size_t kn;
+        if (!srv_kfast_key(&p, end, &key, &kn)) goto fail;
+        if (srv_kfast_is(key, kn, "name") && !name) {
+            if (!srv_kfast_str(&p, end, &name, &namen)) goto fail;
+            for (int i = 0; i < info->ninputs && k < 0; i++)
+                if (srv_kfast_is(name, namen, info->inputs[i].name)) k = i;
+            if (k < 0 || seen[k]) goto fail;
+        } else if (srv_kfast_is(key, kn, "datatype") && !dts) {
+            if (!srv_kfast_str(&p, end, &dts, &dtn)) goto fail;
+        } else if (srv_kfast_is(key, kn, "shape") && !have_shape) {
+            have_shape = 1;
+            if (p >= end || *p++ != '[') goto fail;
+            p = srv_json_ws(p, end);
+            if (p < end && *p == ']') {
+                p++;
+            } else {
+                for (;;) {
+                    p = srv_json_ws(p, end);
+                    int64_t v = 0;
+                    int nd = 0;
+                    if (p < end && *p == '0') p++, nd = 1;
+                    else
+                        for (; p < end && *p >= '0' && *p <= '9' && nd < 18; p++, nd++) v = v * 10 + (*p - '0');
+                    if (!nd || ndim >= ENG_MAX_DIMS || (p < end && (*p == '.' || *p == 'e' || *p == 'E' ||
+                                                                     (*p >= '0' && *p <= '9'))))
+                        goto fail;
+                    dims[ndim++] = v;
+                    int r = srv_kfast_next(&p, end, ']');
+                    if (r == 2) break;
+                    if (r == 0) goto fail;
+                }
+            }
+        } else if (srv_kfast_is(key, kn, "data") && !have_data && name && dts) {
+            have_data = 1;
+            if (!srv_json_fast_array(&p, end, info->inputs[k].dtype, ENG_MAX_DIMS, ddims, &dn, &data)) goto fail;
+        } else {
+            goto fail;
+        }
+        int r = srv_kfast_next(&p, end, '}');
+        if (r == 2) break;
+        if (r == 0) goto fail;
+    }
+    if (!name || !dts || !have_shape || !have_data) goto fail;
+    const srv_io *io = &info->inputs[k];
+    char dtbuf[16];
+    if (dtn >= sizeof dtbuf) goto fail;
+    memcpy(dtbuf, dts, dtn);
+    dtbuf[dtn] = '\0';
+    if (srv_kserve_dtype_parse(dtbuf) != io->dtype || eng_dtype_size(io->dtype) == 0) goto fail;
+    t.dtype = io->dtype;
+    t.ndim = ndim;
+    memcpy(t.dims, dims, sizeof(int64_t) * (size_t)ndim);
+    int ok = io->ndim < 0 || io->ndim == t.ndim;
+    for (int i = 0; ok && io->ndim >= 0 && i < t.ndim; i++)
+        if (io->dims[i] >= 0 && io->dims[i] != t.dims[i]) ok = 0;
+    size_t nbytes;
+    if (!ok || eng_tensor_nbytes_checked(&t, io->name, &nbytes) != ENG_STATUS_OK) goto fail;
+    if (eng_shape_numel(ddims, dn) != eng_tensor_numel(&t)) goto fail; /* 'data' must carry exactly numel values */
+    t.data = data;
+    seen[k] = 1;
+    if (srv_tensors_add(in, io->name, &t) != 0) return 0; /* frees data */
+    *pp = p;
+    return 1;
+fail:
+    eng_free(data);
+    return 0;
+}
+
+/* {"inputs": [input, ...], "id": "..."} with every model input given once, nothing else, no binary section:
+ * 1 with in and req filled; 0 (in and req left empty) for anything else: the general path then decides. */
+static int srv_kserve_fast(const char *body, size_t len, const srv_version_info *info, srv_tensors *in,
+                           srv_kserve_req *req) {
+    const char *p = body, *end = body + len, *id = NULL;
+    size_t idn = 0;
+    int have_inputs = 0, given = 0;
+    char seen[64] = {0};
+    if (!body || info->ninputs < 1 || info->ninputs > (int)sizeof seen) return 0;
+    p = srv_json_ws(p, end);
+    if (p >= end || *p++ != '{') return 0;
+    for (;;) {
+        const char *key;
+        size_t kn;
+        if (!srv_kfast_key(&p, end, &key, &kn)) goto fail;
+        if (srv_kfast_is(key, kn, "inputs") && !have_inputs) {
+            have_inputs = 1;
+            if (p >= end || *p++ != '[') goto fail;
+            for (;;) {
+                if (!srv_kfast_input(&p, end, info, seen, in)) goto fail;
+                given++;
+                int r = srv_kfast_next(&p, end, ']');
+                if (r == 2) break;
+                if (r == 0) goto fail;
+            }
+        } else if (srv_kfast_is(key, kn, "id") && !id) {
+            if (!srv_kfast_str(&p, end, &id, &idn)) goto fail;
+        } else {
+            goto fail;
+        }
+        int r = srv_kfast_next(&p, end, '}');
+        if (r == 2) break;
+        if (r == 0) goto fail;
+    }
+    for (; p < end; p++) /* trailing bytes: as srv_json_parse allows */
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != '\0') goto fail;
+    if (!have_inputs || given != info->ninputs) goto fail;
+    if (id && !(req->id = strndup(id, idn))) goto fail;
+    return 1;
+fail:
+    srv_tensors_free(in);
+    return 0;
+}
+
 srv_code srv_kserve_decode_infer(const char *body, size_t len, size_t json_len, const srv_version_info *info,
                                  srv_tensors *in, srv_kserve_req *req, srv_error *err) {
     memset(req, 0, sizeof *req);
+    if (json_len == len && srv_kserve_fast(body, len, info, in, req)) return SRV_OK;
     if (json_len > len)
         return srv_err(err, SRV_INVALID_ARGUMENT, "Inference-Header-Content-Length %zu exceeds the body (%zu bytes)",
                        json_len, len);

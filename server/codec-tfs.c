@@ -338,8 +338,89 @@ static srv_code srv_tfs_columns(const cJSON *inputs, const srv_version_info *inf
     return SRV_OK;
 }
 
+/* A plain JSON string at *p with no escapes: its bounds; 0 otherwise. */
+static int srv_tfs_fast_str(const char **pp, const char *end, const char **s, size_t *n) {
+    const char *p = *pp;
+    if (p >= end || *p != '"') return 0;
+    const char *q = ++p;
+    while (q < end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
+    if (q >= end || *q != '"') return 0;
+    *s = p;
+    *n = (size_t)(q - p);
+    *pp = q + 1;
+    return 1;
+}
+
+/* The common body, decoded without building a cJSON tree: {"instances": L} or {"inputs": L} (and optionally
+ * "signature_name": "" or "serving_default") for a one-input model, L a nested list of plain numbers of the
+ * input's dtype (srv_json_fast_array). 1 with the tensor added to in; 0 for anything else, with nothing
+ * changed: the general path then decodes (or refuses) the body with its own checks and messages. */
+static int srv_tfs_fast_predict(const char *body, size_t len, const srv_version_info *info, srv_tensors *in,
+                                srv_tfs_format *fmt) {
+    if (info->ninputs != 1 || !body) return 0;
+    const srv_io *io = &info->inputs[0];
+    const char *p = body, *end = body + len;
+    int64_t dims[ENG_MAX_DIMS];
+    int ndim = 0, which = -1, nsig = 0; /* which: 0 instances, 1 inputs */
+    void *data = NULL;
+    p = srv_json_ws(p, end);
+    if (p >= end || *p++ != '{') return 0;
+    for (;;) {
+        const char *k, *sv;
+        size_t kn, sn;
+        p = srv_json_ws(p, end);
+        if (!srv_tfs_fast_str(&p, end, &k, &kn)) goto fail;
+        p = srv_json_ws(p, end);
+        if (p >= end || *p++ != ':') goto fail;
+        p = srv_json_ws(p, end);
+        if (kn == 14 && !memcmp(k, "signature_name", 14)) {
+            if (nsig++ || !srv_tfs_fast_str(&p, end, &sv, &sn)) goto fail;
+            if (sn && (sn != 15 || memcmp(sv, "serving_default", 15))) goto fail;
+        } else if ((kn == 9 && !memcmp(k, "instances", 9)) || (kn == 6 && !memcmp(k, "inputs", 6))) {
+            if (which >= 0) goto fail;
+            which = kn == 6;
+            if (!srv_json_fast_array(&p, end, io->dtype, ENG_MAX_DIMS, dims, &ndim, &data)) goto fail;
+        } else {
+            goto fail;
+        }
+        p = srv_json_ws(p, end);
+        if (p < end && *p == ',') {
+            p++;
+            continue;
+        }
+        if (p < end && *p == '}') {
+            p++;
+            break;
+        }
+        goto fail;
+    }
+    for (; p < end; p++) /* trailing bytes: as srv_json_parse allows */
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != '\0') goto fail;
+    if (which < 0) goto fail;
+    /* shape against the signature: per instance (rows) or whole (columnar) */
+    srv_expect ex = {.ndim = io->ndim, .dims = io->dims};
+    if (which == 0) {
+        ex.ndim = io->ndim >= 1 ? io->ndim - 1 : -1;
+        ex.dims = io->dims + 1;
+        if (!srv_expect_ok(ex, dims + 1, ndim - 1)) goto fail;
+    } else if (!srv_expect_ok(ex, dims, ndim)) {
+        goto fail;
+    }
+    eng_tensor t = {.dtype = io->dtype, .ndim = ndim, .data = data};
+    memcpy(t.dims, dims, sizeof(int64_t) * (size_t)ndim);
+    size_t nbytes;
+    if (eng_tensor_nbytes_checked(&t, io->name, &nbytes) != ENG_STATUS_OK) goto fail;
+    if (srv_tensors_add(in, io->name, &t) != 0) return 0; /* frees data; the general path reports the OOM */
+    if (fmt) *fmt = which == 0 ? SRV_TFS_ROW : SRV_TFS_COLUMNAR;
+    return 1;
+fail:
+    eng_free(data);
+    return 0;
+}
+
 srv_code srv_tfs_decode_predict(const char *body, size_t len, const srv_version_info *info, srv_tensors *in,
                                 srv_tfs_format *fmt, srv_error *err) {
+    if (srv_tfs_fast_predict(body, len, info, in, fmt)) return SRV_OK;
     cJSON *root = srv_json_parse(body, len, err);
     if (!root) return SRV_INVALID_ARGUMENT;
     srv_code rc;

@@ -23,7 +23,7 @@ typedef struct srv_options {
     char *monitoring_config_file;
     int64_t rest_api_timeout_in_ms;    /* default 30000 (TF Serving's default) */
     int allow_version_labels_for_unavailable_models;
-    int rest_api_num_threads;          /* 0 (default): a thread per connection; N: a pool of N */
+    int rest_api_num_threads;          /* HTTP polling threads; 0 (default): 4 per core */
     int session_threads;               /* --tensorflow_intra_op_parallelism (threads per run), 0 all */
     int64_t max_body_bytes;            /* --rest_api_max_body_bytes, 64 MiB */
     int connection_limit;              /* --rest_api_connection_limit, 2048 */

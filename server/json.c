@@ -136,11 +136,137 @@ void srv_buf_json_str(srv_buf *b, const char *s) {
     srv_buf_put(b, "\"", 1);
 }
 
+/* "%.{p}g" digits of |v| (v = m * 2^e exactly): N = |v| * 10^s rounded half to even, exact (128-bit). */
+static uint64_t srv_f32_round(uint32_t m, int e, int s) {
+    static const uint64_t p10u[] = {1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull,
+                                    100000000ull, 1000000000ull, 10000000000ull, 100000000000ull,
+                                    1000000000000ull, 10000000000000ull, 100000000000000ull,
+                                    1000000000000000ull, 10000000000000000ull, 100000000000000000ull,
+                                    1000000000000000000ull, 10000000000000000000ull};
+    unsigned __int128 num = m, den = 1;
+    int as = s < 0 ? -s : s;
+    unsigned __int128 pw = as <= 19 ? (unsigned __int128)p10u[as] : (unsigned __int128)p10u[19] * p10u[as - 19];
+    if (s >= 0) num *= pw;
+    else den = pw;
+    if (e >= 0) num <<= e;
+    else den <<= -e;
+    unsigned __int128 n = num / den, r2 = (num % den) * 2;
+    if (r2 > den || (r2 == den && (n & 1))) n++;
+    return (uint64_t)n;
+}
+
+/* Write (neg, N with p digits, decimal exponent x) as "%.{p}g" does (trailing zeros dropped). */
+static int srv_g_write(char *s, int neg, uint64_t n, int p, int x) {
+    char dg[10];
+    for (int i = p - 1; i >= 0; i--) {
+        dg[i] = (char)('0' + n % 10);
+        n /= 10;
+    }
+    int nd = p;
+    while (nd > 1 && dg[nd - 1] == '0') nd--;
+    char *w = s;
+    if (neg) *w++ = '-';
+    if (x < -4 || x >= p) {
+        *w++ = dg[0];
+        if (nd > 1) {
+            *w++ = '.';
+            for (int i = 1; i < nd; i++) *w++ = dg[i];
+        }
+        *w++ = 'e';
+        *w++ = x < 0 ? '-' : '+';
+        int ax = x < 0 ? -x : x;
+        if (ax >= 100) *w++ = (char)('0' + ax / 100);
+        *w++ = (char)('0' + ax / 10 % 10);
+        *w++ = (char)('0' + ax % 10);
+    } else if (x >= 0) {
+        for (int i = 0; i <= x; i++) *w++ = i < nd ? dg[i] : '0';
+        if (nd > x + 1) {
+            *w++ = '.';
+            for (int i = x + 1; i < nd; i++) *w++ = dg[i];
+        }
+    } else {
+        *w++ = '0';
+        *w++ = '.';
+        for (int i = 0; i < -x - 1; i++) *w++ = '0';
+        for (int i = 0; i < nd; i++) *w++ = dg[i];
+    }
+    *w = 0;
+    return (int)(w - s);
+}
+
+static unsigned __int128 srv_pow10_128(int k) { /* 0 <= k <= 38 */
+    unsigned __int128 r = 1;
+    while (k-- > 0) r *= 10;
+    return r;
+}
+
+/* m * 2^e >= 10^k, exactly (|k| <= 22, -80 < e < 60). */
+static int srv_f32_ge_pow10(uint32_t m, int e, int k) {
+    unsigned __int128 a = m, b = 1;
+    if (k >= 0) b = srv_pow10_128(k);
+    else a *= srv_pow10_128(-k);
+    if (e >= 0) a <<= e;
+    else b <<= -e;
+    return a >= b;
+}
+
+/* The shortest "%.{p}g" (p = 6..9) of a finite float f that strtof reads back as f, into s (>= 32 bytes):
+ * the same text as trying snprintf + strtof for p = 6, 7, 8, 9, computed with exact integer rounding and
+ * one correctly rounded double operation per candidate. Falls back to that loop outside 1e-14..1e22. */
+static int srv_f32_fmt(float f, char *s) {
+    static const double p10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    double v = fabs((double)f);
+    int neg = signbit(f) != 0;
+    if (v == 0) return srv_g_write(s, neg, 0, 6, 0);
+    int e;
+    double fr = frexp(v, &e); /* v = fr * 2^e, fr in [0.5, 1): fr * 2^24 is an integer for a float */
+    uint32_t m = (uint32_t)ldexp(fr, 24);
+    e -= 24;
+    int x = (int)floor(log10(v)); /* may be off by one: fixed exactly below */
+    if (x >= -14 && x <= 21) {
+        if (!srv_f32_ge_pow10(m, e, x)) x--;
+        else if (srv_f32_ge_pow10(m, e, x + 1)) x++;
+    }
+    if (x < -14 || x > 22) {
+        for (int p = 6;; p++) {
+            int len = snprintf(s, 32, "%.*g", p, (double)f);
+            if (p == 9 || strtof(s, NULL) == f) return len;
+        }
+    }
+    for (int p = 6; p <= 9; p++) {
+        int xp = x;
+        uint64_t n = srv_f32_round(m, e, p - 1 - x);
+        if (n >= (uint64_t)p10[p]) { /* rounded up to 10^p */
+            n /= 10;
+            xp++;
+        }
+        if (p == 9) return srv_g_write(s, neg, n, p, xp);
+        int k = xp - (p - 1); /* the candidate is n * 10^k, |k| <= 22 */
+        double d = k >= 0 ? (double)n * p10[k] : (double)n / p10[-k];
+        float r = (float)d;
+        double other = (double)nextafterf(r, d > (double)r ? INFINITY : -INFINITY);
+        int ok;
+        if (d != (double)r && d - (double)r == other - d) { /* on a float midpoint: double rounding: ask strtof */
+            srv_g_write(s, neg, n, p, xp);
+            ok = strtof(s, NULL) == f;
+        } else {
+            ok = (neg ? -r : r) == f;
+        }
+        if (ok) return srv_g_write(s, neg, n, p, xp);
+    }
+    return 0; /* not reached */
+}
+
 /* Shortest %g form that reads back to the same value (at most 9 / 17 significant digits). */
 static void srv_buf_float(srv_buf *b, double v, int is_f32) {
     if (isnan(v)) { srv_buf_puts(b, "NaN"); return; }
     if (isinf(v)) { srv_buf_puts(b, v < 0 ? "-Infinity" : "Infinity"); return; }
     char s[64];
+    if (is_f32) {
+        srv_buf_put(b, s, (size_t)srv_f32_fmt((float)v, s));
+        return;
+    }
     int lo = is_f32 ? 6 : 15, hi = is_f32 ? 9 : 17;
     for (int p = lo; p <= hi; p++) {
         snprintf(s, sizeof s, "%.*g", p, v);
@@ -347,4 +473,186 @@ srv_code srv_json_store(const cJSON *v, eng_dtype dt, void *dst, int64_t idx, co
     default: ((int64_t *)dst)[idx] = (int64_t)d; break;
     }
     return SRV_OK;
+}
+
+/* ---- fast numeric lists ---- */
+
+const char *srv_json_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+
+/* One number in strict JSON syntax at *p: the double strtod gives for it (correctly rounded). 0 if the text
+ * is not such a number (or is longer than 63 bytes). Up to 19 significant digits and a decimal exponent
+ * within +-27 are converted with one x87 extended-precision operation (exact operands, 64-bit mantissa),
+ * then rounded to double; a result within one extended ulp of a double rounding boundary, and anything else,
+ * goes to strtod. */
+static int srv_json_fast_num(const char **pp, const char *end, double *out) {
+    static const long double p10[] = {1e0L, 1e1L, 1e2L, 1e3L, 1e4L, 1e5L, 1e6L, 1e7L, 1e8L, 1e9L,
+                                      1e10L, 1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L,
+                                      1e20L, 1e21L, 1e22L, 1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
+    const char *p = *pp, *start = p;
+    int neg = 0, sd = 0, scale = 0, inexact = 0, ex = 0, exneg = 0, nex = 0;
+    uint64_t m = 0;
+    if (p < end && *p == '-') neg = 1, p++;
+    if (p >= end) return 0;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        for (; p < end && *p >= '0' && *p <= '9'; p++) {
+            if (sd < 19) m = m * 10 + (uint64_t)(*p - '0'), sd++;
+            else scale++, inexact |= *p != '0';
+        }
+    } else {
+        return 0;
+    }
+    if (p < end && *p == '.') {
+        const char *f0 = ++p;
+        for (; p < end && *p >= '0' && *p <= '9'; p++) {
+            if (m == 0 && *p == '0') scale--; /* leading zeros are not significant */
+            else if (sd < 19) m = m * 10 + (uint64_t)(*p - '0'), sd++, scale--;
+            else inexact |= *p != '0';
+        }
+        if (p == f0) return 0;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) exneg = *p++ == '-';
+        for (; p < end && *p >= '0' && *p <= '9'; p++, nex++)
+            if (ex < 100000) ex = ex * 10 + (*p - '0');
+        if (!nex) return 0;
+    }
+    if (p - start > 63) return 0; /* cJSON reads at most 63 characters of a number */
+    int e10 = (exneg ? -ex : ex) + scale;
+    double d = 0;
+    int done = 0;
+    if (m == 0) {
+        d = 0, done = 1;
+    } else if (!inexact && e10 >= -27 && e10 <= 27) {
+        long double r = e10 >= 0 ? (long double)m * p10[e10] : (long double)m / p10[-e10];
+        union { long double ld; struct { uint64_t mant; uint16_t se; } b; } u;
+        memset(&u, 0, sizeof u);
+        u.ld = r;
+        unsigned low = (unsigned)(u.b.mant & 0x7ff); /* the 11 bits a double drops; 0x400: a midpoint */
+        if (low < 0x3ff || low > 0x401) d = (double)r, done = 1;
+    }
+    if (!done) {
+        char tmp[72];
+        memcpy(tmp, start, (size_t)(p - start));
+        tmp[p - start] = '\0';
+        d = strtod(tmp, NULL);
+        neg = 0;
+    }
+    *out = neg ? -d : d;
+    *pp = p;
+    return 1;
+}
+
+/* Store d as element i like srv_json_store; 0 if it would refuse it. */
+static int srv_json_fast_store(double d, eng_dtype dt, void *dst, size_t i) {
+    switch (dt) {
+    case ENG_DTYPE_F32:
+        if (!(fabs(d) <= FLT_MAX)) return 0;
+        ((float *)dst)[i] = (float)d;
+        return 1;
+    case ENG_DTYPE_F64:
+        if (!isfinite(d)) return 0;
+        ((double *)dst)[i] = d;
+        return 1;
+    default: break;
+    }
+    if (!eng_dtype_is_int(dt) || !isfinite(d) || d != floor(d)) return 0;
+    switch (dt) {
+    case ENG_DTYPE_U8: if (d < 0 || d >= 256.0) return 0; ((uint8_t *)dst)[i] = (uint8_t)d; return 1;
+    case ENG_DTYPE_I8: if (d < -128.0 || d >= 128.0) return 0; ((int8_t *)dst)[i] = (int8_t)d; return 1;
+    case ENG_DTYPE_U16: if (d < 0 || d >= 65536.0) return 0; ((uint16_t *)dst)[i] = (uint16_t)d; return 1;
+    case ENG_DTYPE_I16: if (d < -32768.0 || d >= 32768.0) return 0; ((int16_t *)dst)[i] = (int16_t)d; return 1;
+    case ENG_DTYPE_U32: if (d < 0 || d >= 4294967296.0) return 0; ((uint32_t *)dst)[i] = (uint32_t)d; return 1;
+    case ENG_DTYPE_I32:
+        if (d < -2147483648.0 || d >= 2147483648.0) return 0;
+        ((int32_t *)dst)[i] = (int32_t)d;
+        return 1;
+    case ENG_DTYPE_U64:
+        if (d < 0 || d >= 18446744073709551616.0) return 0;
+        ((uint64_t *)dst)[i] = (uint64_t)d;
+        return 1;
+    case ENG_DTYPE_I64:
+        if (d < -9223372036854775808.0 || d >= 9223372036854775808.0) return 0;
+        ((int64_t *)dst)[i] = (int64_t)d;
+        return 1;
+    default: return 0;
+    }
+}
+
+int srv_json_fast_array(const char **pp, const char *end, eng_dtype dt, int max_rank, int64_t *dims, int *ndim,
+                        void **data) {
+    size_t es = eng_dtype_size(dt);
+    if (es == 0 || dt == ENG_DTYPE_BOOL || dt == ENG_DTYPE_F16 || dt == ENG_DTYPE_BF16 || max_rank < 1 ||
+        max_rank > ENG_MAX_DIMS)
+        return 0;
+    const char *p = srv_json_ws(*pp, end);
+    if (p >= end || *p != '[') return 0;
+    int64_t cnt[ENG_MAX_DIMS + 1];
+    int known[ENG_MAX_DIMS + 1] = {0};
+    int depth = 0, leaf = -1; /* leaf: the depth at which numbers sit (the rank) */
+    size_t n = 0, cap = 0;
+    uint8_t *buf = NULL;
+    for (;;) {
+        /* at the start of a value */
+        p = srv_json_ws(p, end);
+        if (p >= end) goto fail;
+        if (*p == '[') {
+            if (depth >= max_rank || (leaf >= 0 && depth >= leaf)) goto fail;
+            cnt[depth++] = 0;
+            p = srv_json_ws(p + 1, end);
+            if (p >= end || *p == ']') goto fail; /* empty list: the general path decides */
+            continue;
+        }
+        double d;
+        if (depth == 0 || !srv_json_fast_num(&p, end, &d)) goto fail;
+        if (leaf < 0) leaf = depth;
+        else if (depth != leaf) goto fail;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 1024;
+            uint8_t *nb = realloc(buf, nc * es);
+            if (!nb) goto fail;
+            buf = nb;
+            cap = nc;
+        }
+        if (!srv_json_fast_store(d, dt, buf, n)) goto fail;
+        n++;
+        /* after a value: ',' or ']' (closing lists) */
+        for (;;) {
+            cnt[depth - 1]++;
+            p = srv_json_ws(p, end);
+            if (p >= end) goto fail;
+            if (*p == ',') {
+                p++;
+                break;
+            }
+            if (*p != ']') goto fail;
+            p++;
+            depth--;
+            if (!known[depth]) {
+                known[depth] = 1;
+                dims[depth] = cnt[depth];
+            } else if (dims[depth] != cnt[depth]) {
+                goto fail;
+            }
+            if (depth == 0) goto done;
+        }
+    }
+done:
+    for (int i = 0; i < leaf; i++)
+        if (!known[i]) goto fail;
+    *ndim = leaf;
+    *data = eng_alloc(n * es);
+    if (!*data) goto fail;
+    memcpy(*data, buf, n * es);
+    free(buf);
+    *pp = p;
+    return 1;
+fail:
+    free(buf);
+    return 0;
 }

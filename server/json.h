@@ -50,6 +50,17 @@ char *srv_b64_encode(const void *in, size_t n, size_t *outlen);
  * (an input name) and the flat index. */
 srv_code srv_json_store(const cJSON *v, eng_dtype dt, void *dst, int64_t idx, const char *what, srv_error *err);
 
+/* Fast path for request bodies: a nested list of plain numbers at *p (after optional whitespace), in strict
+ * JSON number syntax, rectangular, no empty list, at most max_rank levels, every element stored as dtype dt
+ * exactly as srv_json_store would store the number (float, or an integral value in range). On success *data
+ * is eng_alloc'd (row-major), dims/ndim give the shape, *p points past the list, and 1 is returned. Returns 0
+ * (nothing allocated) for anything else, including every input srv_json_store would refuse: the caller then
+ * takes the general cJSON path, which decides and words any error. Never recurses; bounded by max_rank. */
+int srv_json_fast_array(const char **p, const char *end, eng_dtype dt, int max_rank, int64_t *dims, int *ndim,
+                        void **data);
+/* Skip JSON whitespace (space, tab, CR, LF). */
+const char *srv_json_ws(const char *p, const char *end);
+
 /* Parse after checking depth; NULL with err set (INVALID_ARGUMENT) on bad JSON. */
 cJSON *srv_json_parse(const char *body, size_t len, srv_error *err);
 

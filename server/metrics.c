@@ -106,9 +106,13 @@ void srv_metrics_free(srv_metrics **pm) {
 
 /* Append name="value" (value escaped per the exposition format) to buf at *k; truncates safely. */
 static void srv_label(char *buf, size_t *k, const char *name, const char *v) {
-    size_t n = SRV_LABELS_MAX, i = *k;
-    if (i + strlen(name) + 4 >= n) return;
-    i += (size_t)snprintf(buf + i, n - i, "%s%s=\"", i ? "," : "", name);
+    size_t n = SRV_LABELS_MAX, i = *k, nl = strlen(name);
+    if (i + nl + 4 >= n) return;
+    if (i) buf[i++] = ',';
+    memcpy(buf + i, name, nl);
+    i += nl;
+    buf[i++] = '=';
+    buf[i++] = '"';
     for (const char *p = v ? v : ""; *p && i + 4 < n; p++) {
         if (*p == '\\' || *p == '"') {
             buf[i++] = '\\';
@@ -129,7 +133,13 @@ static size_t srv_base_labels(char *buf, const char *model, int64_t version) {
     size_t k = 0;
     char vs[32] = "";
     buf[0] = '\0';
-    if (version > 0) snprintf(vs, sizeof vs, "%lld", (long long)version);
+    if (version > 0) { /* decimal, without snprintf (this runs for every request) */
+        char t[24];
+        int n = 0;
+        for (uint64_t u = (uint64_t)version; u; u /= 10) t[n++] = (char)('0' + u % 10);
+        for (int j = 0; j < n; j++) vs[j] = t[n - 1 - j];
+        vs[n] = '\0';
+    }
     srv_label(buf, &k, "model", model);
     srv_label(buf, &k, "version", vs);
     return k;

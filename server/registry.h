@@ -77,6 +77,11 @@ const srv_version_info *srv_version_get_info(const srv_version *v);
  * srv_now_us() deadline, 0 for none (then DEADLINE_EXCEEDED). */
 srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
                              srv_error *err);
+/* 1 if srv_version_predict(v, in) is expected to return within about budget_us without waiting: no batcher,
+ * a measured per-row run time (exponential average of earlier runs) times in's rows within the budget, and
+ * no run of this version in progress or waiting that was not itself expected to be that quick. 0 when
+ * unknown (no run measured yet). The REST server runs such requests on its polling thread. */
+int srv_version_quick(srv_version *v, const srv_tensors *in, int64_t budget_us);
 
 typedef struct srv_metrics srv_metrics;
 

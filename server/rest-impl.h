@@ -9,13 +9,26 @@
 #ifndef SRV_REST_IMPL_H
 #define SRV_REST_IMPL_H
 
-#include <semaphore.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "rest.h"
 #include "srv.h"
+
+#include <pthread.h>
+
+typedef struct srv_rest_conn srv_rest_conn;
+
+/* Requests that may take a while (a large body, a version that is slow or batching) run on a pool of worker
+ * threads while their connection is suspended, so they never hold up the other connections of an HTTP
+ * polling thread; the pool grows on demand up to max threads (batching needs many waiting at once). */
+typedef struct srv_rest_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    srv_rest_conn *head, *tail;
+    int queued, nthreads, nidle, max, stopping;
+} srv_rest_pool;
 
 struct srv_rest {
     struct MHD_Daemon *d;
@@ -27,8 +40,7 @@ struct srv_rest {
     char *metrics_path;
     atomic_int inflight;
     atomic_int quiescing;
-    int limit_active;     /* --rest_api_num_threads > 0: at most that many requests processed at once */
-    sem_t active;
+    srv_rest_pool pool;
 };
 
 typedef struct srv_reply {
@@ -50,7 +62,20 @@ typedef struct srv_rest_req {
     int64_t t0_us;        /* arrival (srv_now_us) */
     int64_t deadline_us;  /* 0: none */
     const char *header_len; /* Inference-Header-Content-Length value or NULL */
+    struct srv_rest_job **defer; /* non-NULL: the handler may hand back the rest of its work (see below) */
 } srv_rest_req;
+
+/* The rest of a request that a handler chose not to run on the HTTP polling thread (srv_rest_quick says no):
+ * the handler leaves the reply empty, stores a job in *q->defer and returns; a worker thread later calls
+ * run, which fills the reply, records metrics, releases everything the job holds and frees it. The request
+ * (q's strings and body) stays valid until then. */
+typedef struct srv_rest_job {
+    void (*run)(struct srv_rest_job *job, srv_reply *o);
+} srv_rest_job;
+
+/* 1 if inference on v for in may run on the polling thread (cheap enough; see srv_version_quick), or the
+ * handler cannot defer. */
+int srv_rest_quick(const srv_rest_req *q, srv_version *v, const srv_tensors *in);
 
 /* {"error": msg} with the HTTP status of code (or `status` when > 0). */
 void srv_reply_error(srv_reply *o, int status, const char *msg);

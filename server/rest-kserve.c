@@ -134,34 +134,25 @@ static int64_t srv_kserve_hlen(const char *s) {
     return nd && !*s ? v : -2;
 }
 
-/* acquire -> decode -> predict -> encode -> release. */
-static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t version, srv_reply *o) {
-    srv_error err = {0};
-    srv_tensors in = {0}, out = {0};
-    srv_kserve_req kr = {0};
+/* The second half of an inference: predict -> encode -> release v -> reply -> record. Takes in, kr and v. */
+static void srv_kserve_finish(const srv_rest_req *q, const char *model, int64_t version, srv_version *v,
+                              srv_tensors *in, srv_kserve_req *kr, srv_code rc, srv_error *err, srv_reply *o) {
+    srv_tensors out = {0};
     int64_t ver = 0;
     char *body = NULL;
     size_t len = 0, json_len = 0;
-    int64_t hl = srv_kserve_hlen(q->header_len);
-    if (hl == -2 || (hl >= 0 && (uint64_t)hl > q->len)) {
-        srv_err(&err, SRV_INVALID_ARGUMENT, "bad Inference-Header-Content-Length '%.32s' for a body of %zu bytes",
-                q->header_len, q->len);
-    } else {
-        srv_version *v = srv_registry_acquire(q->r->reg, model, version, NULL, &err);
-        if (v) {
-            const srv_version_info *info = srv_version_get_info(v);
-            ver = info->version;
-            srv_code rc = srv_kserve_decode_infer(q->body, q->len, hl >= 0 ? (size_t)hl : q->len, info, &in, &kr, &err);
-            if (rc == SRV_OK) rc = srv_version_predict(v, &in, &out, q->deadline_us, &err);
-            if (rc == SRV_OK) body = srv_kserve_encode_infer(info, &out, &kr, &len, &json_len, &err);
-            srv_tensors_free(&in);
-            srv_tensors_free(&out);
-            srv_kserve_req_free(&kr);
-            srv_version_release(v);
-        }
+    if (v) {
+        const srv_version_info *info = srv_version_get_info(v);
+        ver = info->version;
+        if (rc == SRV_OK) rc = srv_version_predict(v, in, &out, q->deadline_us, err);
+        if (rc == SRV_OK) body = srv_kserve_encode_infer(info, &out, kr, &len, &json_len, err);
+        srv_tensors_free(in);
+        srv_tensors_free(&out);
+        srv_kserve_req_free(kr);
+        srv_version_release(v);
     }
     if (body) {
-        err.code = SRV_OK;
+        err->code = SRV_OK;
         if (json_len < len) {
             srv_reply_text(o, 200, body, len, "application/octet-stream");
             o->header_len = json_len;
@@ -169,11 +160,57 @@ static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t v
             srv_reply_text(o, 200, body, len, "application/json");
         }
     } else {
-        if (err.code == SRV_OK) srv_err(&err, SRV_INTERNAL, "request failed");
-        srv_reply_code(o, &err);
+        if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
+        srv_reply_code(o, err);
     }
-    srv_metrics_request(q->r->m, err.code == SRV_NOT_FOUND && ver <= 0 ? "" : model, ver > 0 ? ver : version, NULL,
-                        "infer", err.code, srv_now_us() - q->t0_us);
+    srv_metrics_request(q->r->m, err->code == SRV_NOT_FOUND && ver <= 0 ? "" : model, ver > 0 ? ver : version, NULL,
+                        "infer", err->code, srv_now_us() - q->t0_us);
+}
+
+typedef struct srv_kserve_job { /* q's strings and body belong to the request, which outlives the job */
+    srv_rest_job base;
+    srv_rest_req q;
+    char model[256];
+    int64_t version;
+    srv_version *v;
+    srv_tensors in;
+    srv_kserve_req kr;
+} srv_kserve_job;
+
+static void srv_kserve_job_run(srv_rest_job *job, srv_reply *o) {
+    srv_kserve_job *j = (srv_kserve_job *)job;
+    srv_error err = {0};
+    srv_kserve_finish(&j->q, j->model, j->version, j->v, &j->in, &j->kr, SRV_OK, &err, o);
+    free(j);
+}
+
+/* acquire -> decode -> (here, or on a worker when it may take long) predict -> encode -> release. */
+static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t version, srv_reply *o) {
+    srv_error err = {0};
+    srv_tensors in = {0};
+    srv_kserve_req kr = {0};
+    srv_version *v = NULL;
+    srv_code rc = SRV_OK;
+    int64_t hl = srv_kserve_hlen(q->header_len);
+    if (hl == -2 || (hl >= 0 && (uint64_t)hl > q->len)) {
+        srv_err(&err, SRV_INVALID_ARGUMENT, "bad Inference-Header-Content-Length '%.32s' for a body of %zu bytes",
+                q->header_len, q->len);
+    } else if ((v = srv_registry_acquire(q->r->reg, model, version, NULL, &err))) {
+        const srv_version_info *info = srv_version_get_info(v);
+        rc = srv_kserve_decode_infer(q->body, q->len, hl >= 0 ? (size_t)hl : q->len, info, &in, &kr, &err);
+        if (rc == SRV_OK && !srv_rest_quick(q, v, &in)) {
+            srv_kserve_job *j = malloc(sizeof *j);
+            if (j) {
+                *j = (srv_kserve_job){.base.run = srv_kserve_job_run, .q = *q, .version = version, .v = v, .in = in,
+                                      .kr = kr};
+                snprintf(j->model, sizeof j->model, "%s", model);
+                j->q.defer = NULL;
+                *q->defer = &j->base;
+                return;
+            }
+        }
+    }
+    srv_kserve_finish(q, model, version, v, &in, &kr, rc, &err, o);
 }
 
 /* /v2/models/... */

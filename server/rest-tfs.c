@@ -50,7 +50,7 @@ static int srv_tfs_parse(const char *path, srv_tfs_route *rt, srv_error *err) {
         srv_err(err, SRV_INVALID_ARGUMENT, "invalid model name in the URL");
         return -1;
     }
-    snprintf(rt->model, sizeof rt->model, "%s", segs[0]);
+    memcpy(rt->model, segs[0], strlen(segs[0]) + 1); /* < 256 bytes (srv_rest_split) */
     int k = 1;
     if (n >= 3 && (!strcmp(segs[1], "versions") || !strcmp(segs[1], "labels"))) {
         if (segs[1][0] == 'v') {
@@ -64,7 +64,7 @@ static int srv_tfs_parse(const char *path, srv_tfs_route *rt, srv_error *err) {
                 srv_err(err, SRV_INVALID_ARGUMENT, "invalid version label in the URL");
                 return -1;
             }
-            snprintf(rt->label, sizeof rt->label, "%s", segs[2]);
+            memcpy(rt->label, segs[2], strlen(segs[2]) + 1);
             rt->has_label = 1;
         }
         k = 3;
@@ -147,39 +147,75 @@ static void srv_tfs_metadata(const srv_rest_req *q, const srv_tfs_route *rt, srv
     srv_tfs_record(q, rt, ver, "metadata", SRV_OK);
 }
 
-/* acquire -> decode -> predict -> encode -> release. */
-static void srv_tfs_infer(const srv_rest_req *q, const srv_tfs_route *rt, srv_reply *o) {
-    srv_error err = {0};
-    srv_tensors in = {0}, out = {0};
-    srv_tfs_format fmt = SRV_TFS_ROW;
+/* The second half of an inference: predict -> encode -> release v -> reply -> record. Takes in and v. */
+static void srv_tfs_finish(const srv_rest_req *q, const srv_tfs_route *rt, srv_version *v, srv_tensors *in,
+                           srv_tfs_format fmt, srv_code rc, srv_error *err, srv_reply *o) {
     const char *api = rt->verb;
     int64_t ver = 0;
     char *body = NULL;
     size_t len = 0;
-    srv_version *v = srv_registry_acquire(q->r->reg, rt->model, rt->version, rt->has_label ? rt->label : NULL, &err);
+    srv_tensors out = {0};
     if (v) {
         const srv_version_info *info = srv_version_get_info(v);
         ver = info->version;
-        srv_code rc = !strcmp(api, "predict") ? srv_tfs_decode_predict(q->body, q->len, info, &in, &fmt, &err)
-                                              : srv_tfs_decode_examples(q->body, q->len, info, &in, &err);
-        if (rc == SRV_OK) rc = srv_version_predict(v, &in, &out, q->deadline_us, &err);
+        if (rc == SRV_OK) rc = srv_version_predict(v, in, &out, q->deadline_us, err);
         if (rc == SRV_OK) {
-            if (!strcmp(api, "predict")) body = srv_tfs_encode_predict(info, &out, fmt, &len, &err);
-            else if (!strcmp(api, "classify")) body = srv_tfs_encode_classify(info, &out, &len, &err);
-            else body = srv_tfs_encode_regress(info, &out, &len, &err);
+            if (!strcmp(api, "predict")) body = srv_tfs_encode_predict(info, &out, fmt, &len, err);
+            else if (!strcmp(api, "classify")) body = srv_tfs_encode_classify(info, &out, &len, err);
+            else body = srv_tfs_encode_regress(info, &out, &len, err);
         }
-        srv_tensors_free(&in);
+        srv_tensors_free(in);
         srv_tensors_free(&out);
         srv_version_release(v);
     }
     if (body) {
-        err.code = SRV_OK;
+        err->code = SRV_OK;
         srv_reply_text(o, 200, body, len, "application/json");
     } else {
-        if (err.code == SRV_OK) srv_err(&err, SRV_INTERNAL, "request failed");
-        srv_reply_code(o, &err);
+        if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
+        srv_reply_code(o, err);
     }
-    srv_tfs_record(q, rt, ver, api, err.code);
+    srv_tfs_record(q, rt, ver, api, err->code);
+}
+
+typedef struct srv_tfs_job { /* q's strings and rt.verb point into the request, which outlives the job */
+    srv_rest_job base;
+    srv_rest_req q;
+    srv_tfs_route rt;
+    srv_version *v;
+    srv_tensors in;
+    srv_tfs_format fmt;
+} srv_tfs_job;
+
+static void srv_tfs_job_run(srv_rest_job *job, srv_reply *o) {
+    srv_tfs_job *j = (srv_tfs_job *)job;
+    srv_error err = {0};
+    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, j->fmt, SRV_OK, &err, o);
+    free(j);
+}
+
+/* acquire -> decode -> (here, or on a worker when it may take long) predict -> encode -> release. */
+static void srv_tfs_infer(const srv_rest_req *q, const srv_tfs_route *rt, srv_reply *o) {
+    srv_error err = {0};
+    srv_tensors in = {0};
+    srv_tfs_format fmt = SRV_TFS_ROW;
+    srv_code rc = SRV_OK;
+    srv_version *v = srv_registry_acquire(q->r->reg, rt->model, rt->version, rt->has_label ? rt->label : NULL, &err);
+    if (v) {
+        const srv_version_info *info = srv_version_get_info(v);
+        rc = !strcmp(rt->verb, "predict") ? srv_tfs_decode_predict(q->body, q->len, info, &in, &fmt, &err)
+                                          : srv_tfs_decode_examples(q->body, q->len, info, &in, &err);
+        if (rc == SRV_OK && !srv_rest_quick(q, v, &in)) {
+            srv_tfs_job *j = malloc(sizeof *j);
+            if (j) {
+                *j = (srv_tfs_job){.base.run = srv_tfs_job_run, .q = *q, .rt = *rt, .v = v, .in = in, .fmt = fmt};
+                j->q.defer = NULL;
+                *q->defer = &j->base;
+                return;
+            }
+        }
+    }
+    srv_tfs_finish(q, rt, v, &in, fmt, rc, &err, o);
 }
 
 int srv_rest_tfs(const srv_rest_req *q, srv_reply *o) {

@@ -1,10 +1,16 @@
 /* rest.c - the REST front end on libmicrohttpd (see rest.h): daemon setup, body accumulation with the size
  * limit, routing to the /v1 (rest-tfs.c) and /v2 (rest-kserve.c) handlers, Prometheus, replies.
  *
- * Threading: MHD's internal thread pool (epoll where available, else poll) runs srv_rest_access; a handler
- * runs the whole request (decode, inference, encode) on that thread. Per-request state lives in an
- * srv_rest_conn hung on MHD's con_cls and freed in srv_rest_done, which MHD calls exactly once per started
- * request; inflight counts requests between the two.
+ * Threading: MHD's internal thread pool (epoll where available, else poll; --rest_api_num_threads polling
+ * threads) runs srv_rest_access. A cheap request runs whole on its polling thread (no hand-off: bare-MHD
+ * speed). One that may take a while must not stall the other connections that thread owns, so its
+ * connection is suspended and the work goes to a worker pool that grows on demand (batching needs many
+ * requests waiting at once); the worker fills the reply and resumes the connection, and MHD calls
+ * srv_rest_access again to send it. What goes to the pool: a body over SRV_REST_INLINE_BODY (the whole
+ * request), and inference the handler finds slow after decoding (srv_rest_quick: batching on, no timing yet,
+ * or the version's measured per-row time x rows over SRV_REST_INLINE_US, or a slow run of it in progress).
+ * Per-request state lives in an srv_rest_conn hung on MHD's con_cls and freed in srv_rest_done, which MHD
+ * calls exactly once per started request; inflight counts requests between the two.
  * Limits: a body larger than max_body_bytes is refused with 413 as soon as Content-Length says so (before
  * any body byte is read; with Expect: 100-continue the client never sends it). A chunked upload that passes
  * the limit stops being stored at once; the rest is dropped and 413 sent at its end (MHD 0.9 cannot reply in
@@ -27,14 +33,29 @@
 #include "json.h"
 #include "rest-impl.h"
 
-typedef struct srv_rest_conn {
+/* Requests up to this size are decoded on the polling thread; larger ones go to the worker pool whole. */
+#define SRV_REST_INLINE_BODY (256u << 10)
+/* Inference expected to take longer than this (or batching) runs on the worker pool. */
+#define SRV_REST_INLINE_US 1000
+#define SRV_REST_MAX_WORKERS 1024
+
+enum { SRV_RC_RECV, SRV_RC_QUEUED, SRV_RC_READY };
+
+struct srv_rest_conn {
     char *body;
     size_t len, cap;
     int64_t t0;
-    int replied;   /* a response was queued early (413) */
+    int replied;   /* a response was queued */
     int too_big;
     size_t dropped; /* body bytes seen (stored or dropped) */
-} srv_rest_conn;
+    /* deferred to the worker pool (connection suspended meanwhile) */
+    int phase;            /* SRV_RC_* */
+    struct MHD_Connection *c;
+    const char *url, *method, *header_len; /* MHD's, valid until the request ends */
+    srv_rest_job *job;    /* NULL: the whole dispatch runs on the worker */
+    srv_reply out;
+    srv_rest_conn *next;  /* pool queue */
+};
 
 /* ---- replies ---- */
 
@@ -128,11 +149,15 @@ static enum MHD_Result srv_rest_413(srv_rest *r, struct MHD_Connection *c, srv_r
     return srv_rest_send(r, c, &o);
 }
 
-static void srv_rest_dispatch(srv_rest *r, struct MHD_Connection *c, const char *url, const char *method,
-                              srv_rest_conn *cn, srv_reply *o) {
-    srv_rest_req q = {.r = r, .method = method, .path = url, .body = cn->body, .len = cn->len, .t0_us = cn->t0};
+int srv_rest_quick(const srv_rest_req *q, srv_version *v, const srv_tensors *in) {
+    return !q->defer || srv_version_quick(v, in, SRV_REST_INLINE_US);
+}
+
+static void srv_rest_dispatch(srv_rest *r, srv_rest_conn *cn, srv_rest_job **defer, srv_reply *o) {
+    const char *url = cn->url, *method = cn->method;
+    srv_rest_req q = {.r = r, .method = method, .path = url, .body = cn->body, .len = cn->len, .t0_us = cn->t0,
+                      .header_len = cn->header_len, .defer = defer};
     if (r->timeout_ms > 0) q.deadline_us = cn->t0 + r->timeout_ms * 1000;
-    q.header_len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Inference-Header-Content-Length");
     if (r->metrics_enabled && (strcmp(url, "/metrics") == 0 || (r->metrics_path && strcmp(url, r->metrics_path) == 0))) {
         if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
             o->allow = "GET";
@@ -151,6 +176,67 @@ static void srv_rest_dispatch(srv_rest *r, struct MHD_Connection *c, const char 
     srv_reply_error(o, 404, msg);
 }
 
+/* ---- worker pool ---- */
+
+static void *srv_rest_worker(void *arg) {
+    srv_rest *r = arg;
+    srv_rest_pool *p = &r->pool;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->head && !p->stopping) {
+            p->nidle++;
+            pthread_cond_wait(&p->work, &p->mu);
+            p->nidle--;
+        }
+        if (!p->head) break; /* stopping and drained */
+        srv_rest_conn *cn = p->head;
+        p->head = cn->next;
+        if (!p->head) p->tail = NULL;
+        p->queued--;
+        pthread_mutex_unlock(&p->mu);
+        if (cn->job) cn->job->run(cn->job, &cn->out);
+        else srv_rest_dispatch(r, cn, NULL, &cn->out);
+        cn->job = NULL;
+        cn->phase = SRV_RC_READY;
+        MHD_resume_connection(cn->c); /* MHD calls srv_rest_access again, which sends cn->out */
+        pthread_mutex_lock(&p->mu);
+    }
+    p->nthreads--;
+    pthread_cond_broadcast(&p->idle);
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Hand cn to the pool; its connection is suspended first, so the worker's resume always comes after it.
+ * 0, or -1 when no worker thread can run it (then the caller runs it itself). */
+static int srv_rest_defer(srv_rest *r, srv_rest_conn *cn) {
+    srv_rest_pool *p = &r->pool;
+    pthread_mutex_lock(&p->mu);
+    if (p->queued + 1 > p->nidle && p->nthreads < p->max && !p->stopping) {
+        pthread_attr_t a;
+        pthread_t t;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&a, 2 << 20);
+        if (pthread_create(&t, &a, srv_rest_worker, r) == 0) p->nthreads++;
+        pthread_attr_destroy(&a);
+    }
+    if (p->nthreads == 0 || p->stopping) {
+        pthread_mutex_unlock(&p->mu);
+        return -1;
+    }
+    cn->phase = SRV_RC_QUEUED;
+    MHD_suspend_connection(cn->c);
+    cn->next = NULL;
+    if (p->tail) p->tail->next = cn;
+    else p->head = cn;
+    p->tail = cn;
+    p->queued++;
+    pthread_cond_signal(&p->work);
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
 static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                        const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     srv_rest *r = cls;
@@ -160,6 +246,7 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
         cn = calloc(1, sizeof *cn);
         if (!cn) return MHD_NO;
         cn->t0 = srv_now_us();
+        cn->c = c;
         *con_cls = cn;
         atomic_fetch_add(&r->inflight, 1);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -201,11 +288,25 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
         return MHD_YES;
     }
     if (cn->replied) return MHD_YES;
+    if (cn->phase == SRV_RC_QUEUED) return MHD_YES; /* not expected: the connection is suspended */
+    if (cn->phase == SRV_RC_READY) {
+        cn->replied = 1;
+        return srv_rest_send(r, c, &cn->out);
+    }
     if (cn->too_big) return srv_rest_413(r, c, cn);
+    cn->url = url;
+    cn->method = method;
+    cn->header_len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Inference-Header-Content-Length");
+    if (cn->len > SRV_REST_INLINE_BODY && srv_rest_defer(r, cn) == 0) return MHD_YES;
     srv_reply o = {0};
-    if (r->limit_active) sem_wait(&r->active);
-    srv_rest_dispatch(r, c, url, method, cn, &o);
-    if (r->limit_active) sem_post(&r->active);
+    srv_rest_job *job = NULL;
+    srv_rest_dispatch(r, cn, &job, &o);
+    if (job) {
+        cn->job = job;
+        if (srv_rest_defer(r, cn) == 0) return MHD_YES;
+        cn->job = NULL;
+        job->run(job, &o);
+    }
     cn->replied = 1;
     return srv_rest_send(r, c, &o);
 }
@@ -217,6 +318,7 @@ static void srv_rest_done(void *cls, struct MHD_Connection *c, void **con_cls, e
     (void)toe;
     if (!cn) return;
     free(cn->body);
+    free(cn->out.body);
     free(cn);
     *con_cls = NULL;
     atomic_fetch_sub(&r->inflight, 1);
@@ -260,6 +362,12 @@ static void srv_rest_raise_nofile(int connection_limit, int nthreads) {
     }
 }
 
+static void srv_rest_pool_destroy(srv_rest *r) {
+    pthread_mutex_destroy(&r->pool.mu);
+    pthread_cond_destroy(&r->pool.work);
+    pthread_cond_destroy(&r->pool.idle);
+}
+
 srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics *m, srv_error *err) {
     srv_rest_opts d = {0};
     if (o) d = *o;
@@ -269,11 +377,11 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
         srv_err(err, SRV_INVALID_ARGUMENT, "bad REST port %d", d.port);
         return NULL;
     }
-    /* A thread per connection, so a long inference (or a request waiting in the batcher) never holds up other
-     * connections, and concurrent connections can fill a batch. nthreads > 0 (TF Serving's
-     * --rest_api_num_threads) bounds how many requests are processed at once, not which connection may run. */
-    int per_conn = 1;
-    int nthreads = 1;
+    /* MHD's internal thread pool on epoll (nthreads polling threads, TF Serving's --rest_api_num_threads,
+     * default 4 per core). Cheap requests run on the polling thread; slow ones go to the worker pool with
+     * their connection suspended (srv_rest_defer), so they never hold up the thread's other connections. */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nthreads = d.nthreads > 0 ? d.nthreads : 4 * (int)(ncpu > 0 ? ncpu : 1);
     if (nthreads > 1024) nthreads = 1024;
     int climit = d.connection_limit > 0 ? d.connection_limit : 2048;
     if (climit < nthreads) climit = nthreads; /* MHD splits the limit across the pool */
@@ -304,10 +412,10 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     r->max_body = d.max_body_bytes > 0 ? d.max_body_bytes : (size_t)64 << 20;
     r->timeout_ms = d.request_timeout_ms > 0 ? d.request_timeout_ms : 0;
     r->metrics_enabled = d.metrics_enabled;
-    if (d.nthreads > 0) {
-        r->limit_active = 1;
-        sem_init(&r->active, 0, (unsigned)(d.nthreads > 65535 ? 65535 : d.nthreads));
-    }
+    pthread_mutex_init(&r->pool.mu, NULL);
+    pthread_cond_init(&r->pool.work, NULL);
+    pthread_cond_init(&r->pool.idle, NULL);
+    r->pool.max = SRV_REST_MAX_WORKERS;
     r->metrics_path = strdup(d.metrics_path && *d.metrics_path ? d.metrics_path : "/monitoring/prometheus/metrics");
     if (!r->metrics_path) {
         free(r);
@@ -316,21 +424,22 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     }
     srv_rest_raise_nofile(climit, nthreads);
 
-    unsigned base = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    unsigned base = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                    (v6 ? MHD_USE_IPv6 : 0);
     unsigned modes[2] = {base | MHD_USE_EPOLL, base | MHD_USE_POLL};
-    if (per_conn) modes[0] = modes[1] = base | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL;
     for (int i = 0; i < 2 && !r->d; i++) {
-        if (i == 0 && !per_conn && MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES) continue;
+        if (i == 0 && MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES) continue;
         struct MHD_OptionItem ops[] = {
             {MHD_OPTION_SOCK_ADDR, 0, &sa},
             {MHD_OPTION_CONNECTION_LIMIT, climit, NULL},
             {MHD_OPTION_CONNECTION_TIMEOUT, ctimeout, NULL},
-            {MHD_OPTION_CONNECTION_MEMORY_LIMIT, 128 * 1024, NULL},
+            {MHD_OPTION_CONNECTION_MEMORY_LIMIT, 32 * 1024, NULL}, /* MHD zeroes all of it per request */
             {MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, NULL},
             {MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, NULL},
             {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)srv_rest_done, r},
             {MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)srv_rest_unescape, NULL},
-            {per_conn ? MHD_OPTION_THREAD_STACK_SIZE : MHD_OPTION_THREAD_POOL_SIZE, per_conn ? (intptr_t)(2 << 20) : nthreads, NULL},
+            {MHD_OPTION_THREAD_POOL_SIZE, nthreads, NULL},
+            {MHD_OPTION_THREAD_STACK_SIZE, (intptr_t)(2 << 20), NULL},
             {MHD_OPTION_END, 0, NULL},
         };
         r->d = MHD_start_daemon(modes[i], (uint16_t)port, NULL, NULL, srv_rest_access, r, MHD_OPTION_ARRAY, ops,
@@ -339,7 +448,7 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     if (!r->d) {
         srv_err(err, SRV_UNAVAILABLE, "cannot start the HTTP server on %s:%d (port in use or not permitted)", host,
                 port);
-        if (r->limit_active) sem_destroy(&r->active);
+        srv_rest_pool_destroy(r);
         free(r->metrics_path);
         free(r);
         return NULL;
@@ -358,8 +467,14 @@ int srv_rest_inflight(srv_rest *r) { return r ? atomic_load(&r->inflight) : 0; }
 void srv_rest_stop(srv_rest **pr) {
     if (!pr || !*pr) return;
     srv_rest *r = *pr;
+    /* Workers finish what they hold (resuming its connection) before MHD stops. */
+    pthread_mutex_lock(&r->pool.mu);
+    r->pool.stopping = 1;
+    pthread_cond_broadcast(&r->pool.work);
+    while (r->pool.nthreads > 0) pthread_cond_wait(&r->pool.idle, &r->pool.mu);
+    pthread_mutex_unlock(&r->pool.mu);
     if (r->d) MHD_stop_daemon(r->d);
-    if (r->limit_active) sem_destroy(&r->active);
+    srv_rest_pool_destroy(r);
     free(r->metrics_path);
     free(r);
     *pr = NULL;

@@ -11,7 +11,7 @@
 typedef struct srv_rest_opts {
     const char *host;          /* bind address, default "0.0.0.0" */
     int port;                  /* 8501 */
-    int nthreads;              /* <= 0: a thread per connection (default); N > 0: a pool of N threads on epoll */
+    int nthreads;              /* HTTP polling threads (epoll), <= 0: 4 per core; slow work goes to a worker pool */
     size_t max_body_bytes;     /* default 64 MiB */
     int connection_limit;      /* default 2048 */
     int connection_timeout_s;  /* idle connection timeout, default 30 */
