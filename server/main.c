@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -49,7 +50,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "serve") == 0) return srv_cmd_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "serve") == 0) {
+        /* A server's OpenMP threads must not spin between inferences: they would take the cores the HTTP threads
+         * need. libgomp reads OMP_WAIT_POLICY when it loads, so set it and re-execute once (an explicit setting
+         * in the environment is respected). */
+        if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) {
+            execv("/proc/self/exe", argv);
+            unsetenv("OMP_WAIT_POLICY"); /* exec failed: carry on with the default policy */
+        }
+        return srv_cmd_serve(argc - 1, argv + 1);
+    }
     if (strcmp(cmd, "init") == 0 || strcmp(cmd, "train") == 0) {
         int (*fn)(int, char **) = strcmp(cmd, "init") == 0 ? srv_cmd_init : srv_cmd_train;
         if (!fn) {
