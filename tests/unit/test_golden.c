@@ -3,10 +3,10 @@
  * at test time into build/golden.<pid>/; hand-written forward/backward there, no tensord code). The training graph
  * is built the way the trainer does: eng_graph_set_training -> eng_loss_append -> eng_autodiff ->
  * eng_session_run per step -> eng_optim_apply. Compared per step (loss, relative error <= 1e-5) and at the
- * end (every weight: norm-wise relative error max|a-b| / max|b| per tensor <= 1e-5, or, where a plain float32
- * numpy run of the same steps is itself further than 1e-5 from float64 (Adam on the MLP's W1: 2.6e-5, tiny
- * gradients after float32 cancellation get full-size Adam steps), no further than that run). The measured
- * errors and bounds are printed. Skips (does not fail) when .venv/bin/python or numpy/onnx is missing. */
+ * end (every weight: norm-wise relative error max|a-b| / max|b| per tensor <= 1e-5; for comparison the error
+ * of a plain float32 numpy run of the same steps is printed too: 2.6e-5 on the MLP's W1 under Adam, where tiny
+ * gradients after float32 cancellation get full-size steps). Skips (does not fail) when .venv/bin/python or
+ * numpy/onnx is missing. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -143,9 +143,12 @@ static void golden(const char *model, const char *opt) {
         snprintf(f32name, sizeof f32name, "%s_f32", names[p]);
         eng_tensor *r32 = load_npy(refdir, f32name);
         double e = rel_err_f32_f64(w[p], r->data, sizes[p]);
-        double bound = fmax(TOL, rel_err_f32_f64(r32->data, r->data, sizes[p]));
-        fprintf(stderr, "golden %s/%s weight %-8s max|a-b|/max|b| = %.2e (bound %.1e)\n", model, opt, names[p], e, bound);
-        cr_expect_leq(e, bound, "%s/%s: weight %s relative error %.3g > %.3g", model, opt, names[p], e, bound);
+        /* the library path meets 1e-5 on every weight, even where a plain float32 numpy run of the same steps
+         * does not (printed for comparison); the CLI path is checked in tests/integration/test_golden.py */
+        double f32 = rel_err_f32_f64(r32->data, r->data, sizes[p]);
+        fprintf(stderr, "golden %s/%s weight %-8s max|a-b|/max|b| = %.2e (float32 numpy: %.1e)\n", model, opt, names[p],
+                e, f32);
+        cr_expect_leq(e, TOL, "%s/%s: weight %s relative error %.3g > %g", model, opt, names[p], e, TOL);
         eng_tensor_destroy(&r);
         eng_tensor_destroy(&r32);
     }
