@@ -330,3 +330,48 @@ def test_trained_version_is_served(tensord_bin, tmp_path):
         r = s.post_json("/v1/models/m:predict", {"instances": x.tolist()})
         assert r.status_code == 200, r.text
         su.assert_close(np.array(r.json()["predictions"], np.float32), want, "served predictions")
+
+
+def test_early_stopping_and_keep_best(tensord_bin, tmp_path):
+    """Validation data whose labels are noise: the model gets more confidently wrong on it every epoch, so val_loss
+    rises after the first epochs; with patience 2 the run stops long before 40 epochs, and --keep-best writes the
+    weights of the epoch with the lowest val_loss."""
+    base = str(tmp_path / "m")
+    init(tensord_bin, base)
+    data = blobs(str(tmp_path / "d.npz"))
+    noise = np.random.default_rng(3).integers(0, 4, size=200).astype(np.int64)
+    val = blobs(str(tmp_path / "v.npz"), n=200, seed=5, labels=noise)
+    cp = train(tensord_bin, base, data, "--epochs", 40, "--val-data", val, "--early-stopping-patience", 2,
+               "--monitor", "val_loss", "--keep-best")
+    assert cp.returncode == 0, cp.stderr
+    ep = json.load(open(os.path.join(base, "2", "metrics.json")))["epochs"]
+    assert 3 <= len(ep) < 40, f"early stopping did not stop the run: {len(ep)} epochs"
+    vl = [e["val_loss"] for e in ep]
+    best = int(np.argmin(vl))
+    assert best == len(ep) - 3, f"stopped {len(ep) - 1 - best} epochs after the best, patience is 2: {vl}"
+    # the written weights are the best epoch's: evaluating them gives the best val_loss
+    v = np.load(val)
+    p = ort.InferenceSession(os.path.join(base, "2", "model.onnx")).run(None, {"x": v["x"]})[0]
+    loss = float(-np.mean(np.log(np.clip(p[np.arange(len(noise)), noise], 1e-7, 1))))
+    assert abs(loss - vl[best]) <= 1e-3 * max(1.0, vl[best]), (loss, vl)
+
+
+def test_two_tower_binary_crossentropy(tensord_bin, tmp_path):
+    """The two-tower recommender trains with binary cross-entropy on (user, item) -> clicked data and its loss falls."""
+    base = str(tmp_path / "rec")
+    cp = run(tensord_bin, "init", "--arch", "two-tower", "--opt", "users=50", "--opt", "items=40", "--opt", "dim=8",
+             "--out", os.path.join(base, "1"))
+    assert cp.returncode == 0, cp.stderr
+    rng = np.random.default_rng(0)
+    u = rng.integers(0, 50, 3000).astype(np.int64)
+    i = rng.integers(0, 40, 3000).astype(np.int64)
+    label = ((u % 2) == (i % 2)).astype(np.float32).reshape(-1, 1)  # users like items of their parity
+    path = str(tmp_path / "clicks.npz")
+    np.savez(path, user=u, item=i, label=label)
+    cp = run(tensord_bin, "train", "--model-base-path", base, "--data", path, "--epochs", 8, "--batch-size", 64,
+             "--optimizer", "adam", "--lr", 0.05, "--loss", "binary_crossentropy", "--val-split", 0.1, "--seed", 1,
+             "--no-progress")
+    assert cp.returncode == 0, cp.stderr
+    ep = json.load(open(os.path.join(base, "2", "metrics.json")))["epochs"]
+    assert ep[-1]["loss"] < 0.5 * ep[0]["loss"], ep
+    assert ep[-1]["val_accuracy"] > 0.9, ep
