@@ -301,10 +301,12 @@ int srv_cmd_init(int argc, char **argv) {
     }
     int64_t params = mdl_param_count(g);
     char vdir[4200], tmp[4200], file[4300];
-    snprintf(vdir, sizeof vdir, "%s/%s", dir, version);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%ld", dir, version, (long)getpid());
+    int nv = snprintf(vdir, sizeof vdir, "%s/%s", dir, version);
+    int nt = snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%ld", dir, version, (long)getpid());
     struct stat st;
-    if (init_mkdirs(dir) != 0) {
+    if (nv < 0 || nt < 0 || (size_t)nv >= sizeof vdir || (size_t)nt >= sizeof tmp) {
+        rc = init_fail(NULL, "output path '%s' is too long", dir);
+    } else if (init_mkdirs(dir) != 0) {
         rc = init_fail(NULL, "cannot create model directory '%s': %s", dir, strerror(errno));
     } else if (lstat(vdir, &st) == 0) {
         rc = init_fail(NULL, "version directory '%s' already exists (refusing to overwrite it)%s", vdir, "");
