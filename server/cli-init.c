@@ -305,7 +305,7 @@ int srv_cmd_init(int argc, char **argv) {
     int nt = snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%ld", dir, version, (long)getpid());
     struct stat st;
     if (nv < 0 || nt < 0 || (size_t)nv >= sizeof vdir || (size_t)nt >= sizeof tmp) {
-        rc = init_fail(NULL, "output path '%s' is too long", dir);
+        rc = init_fail(NULL, "output path '%s' is too long%s", dir, "");
     } else if (init_mkdirs(dir) != 0) {
         rc = init_fail(NULL, "cannot create model directory '%s': %s", dir, strerror(errno));
     } else if (lstat(vdir, &st) == 0) {
