@@ -137,20 +137,6 @@ static char *signature_json(const trn_ctx *c, eng_status *st) {
     return txt;
 }
 
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4400];
-    while ((e = readdir(d))) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static eng_status write_text(const char *dir, const char *name, const char *txt) {
     char p[4400];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -163,7 +149,7 @@ eng_status trn_write_version(trn_ctx *c, eng_train_result *res) {
     snprintf(dst, sizeof dst, "%s/%lld", c->base, (long long)c->new_version);
     if (access(dst, F_OK) == 0)
         return eng_err(ENG_STATUS_IO, "version directory '%s' already exists (written by another run?)", dst);
-    remove_tree(tmp);
+    trn_ckpt_remove_dir(tmp); /* flat directory: files, then the dir */
     if (mkdir(tmp, 0755) != 0) return eng_err(ENG_STATUS_IO, "cannot create '%s': %s", tmp, strerror(errno));
     eng_status st = ENG_STATUS_OK;
     /* the base graph with the trained values */
@@ -199,7 +185,7 @@ eng_status trn_write_version(trn_ctx *c, eng_train_result *res) {
     if (st == ENG_STATUS_OK && rename(tmp, dst) != 0)
         st = eng_err(ENG_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, dst, strerror(errno));
     if (st != ENG_STATUS_OK) {
-        remove_tree(tmp);
+        trn_ckpt_remove_dir(tmp); /* flat directory: files, then the dir */
         return eng_err_prefix(st, "writing version %lld: ", (long long)c->new_version);
     }
     st = trn_fsync_dir(c->base);
