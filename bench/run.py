@@ -31,6 +31,7 @@ import onnxruntime as ort
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import machine  # noqa: E402
 import models  # noqa: E402
 
 TOL = 1e-4
@@ -118,29 +119,7 @@ def max_rel_err(got, want):
 
 
 def machine_info(args):
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = os.cpu_count()
-
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-
-    commit = git("rev-parse", "--short=12", "HEAD") or "(no commit)"
-    if git("status", "--porcelain", "--untracked-files=no"):
-        commit += "-dirty"
+    cpu, affinity, commit = machine.cpu_model(), machine.usable_cpus(), machine.git_commit()
     return [
         ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
         ("cpu", cpu),

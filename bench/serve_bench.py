@@ -42,6 +42,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import machine  # noqa: E402
 import models as bench_models  # noqa: E402
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -224,29 +225,7 @@ def compute_ms(binary, model_path, x, out, threads, tag="tiny", iterations=300):
 # ----------------------------------------------------------------------------------------------------------------
 
 def machine_info(args, wrk):
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-
-    def out(*cmd, cwd=ROOT):
-        try:
-            return subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-
-    commit = out("git", "rev-parse", "--short=12", "HEAD") or "(no commit)"
-    if out("git", "status", "--porcelain", "--untracked-files=no"):
-        commit += "-dirty"
+    cpu, usable, commit, out = machine.cpu_model(), machine.usable_cpus(), machine.git_commit(), machine.run_out
     wrk_v = (subprocess.run([wrk, "--version"], capture_output=True, text=True).stdout.splitlines() or [""])[0]
     mhd = out("dpkg-query", "-W", "-f", "${Version}", "libmicrohttpd-dev") or "?"
     return [

@@ -205,31 +205,9 @@ static eng_status fz_add_attr_float(eng_graph *g, int node, const char *name, fl
 }
 
 /* Move node `from` into slot `to` (whose node is dead and released), leaving `from` dead and empty. */
-static void fz_release_node(eng_node *n) {
-    free(n->name);
-    free(n->op_type);
-    free(n->domain);
-    free(n->inputs);
-    free(n->outputs);
-    for (int i = 0; i < n->nattr; i++) {
-        eng_attr *a = &n->attrs[i];
-        free(a->name);
-        free(a->s);
-        free(a->floats);
-        free(a->ints);
-        if (a->strings)
-            for (int j = 0; j < a->n; j++) free(a->strings[j]);
-        free(a->strings);
-        eng_free(a->t.data);
-        eng_graph_free(&a->g);
-    }
-    free(n->attrs);
-    memset(n, 0, sizeof *n);
-}
-
 static void fz_move_node(fz_ctx *z, int from, int to) {
     if (from == to) return;
-    fz_release_node(&z->g->nodes[to]);
+    eng_node_release(&z->g->nodes[to]);
     z->g->nodes[to] = z->g->nodes[from];
     memset(&z->g->nodes[from], 0, sizeof z->g->nodes[from]);
     z->dead[to] = 0;
@@ -557,7 +535,7 @@ static eng_status fz_compact(fz_ctx *z) {
     int k = 0;
     for (int i = 0; i < g->nnodes; i++) {
         if (z->dead[i]) {
-            fz_release_node(&g->nodes[i]);
+            eng_node_release(&g->nodes[i]);
             continue;
         }
         if (k != i) g->nodes[k] = g->nodes[i];

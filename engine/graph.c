@@ -45,7 +45,7 @@ void eng_attr_clear(eng_attr *a) {
     memset(a, 0, sizeof *a);
 }
 
-static void eng_node_release(eng_node *n) {
+void eng_node_release(eng_node *n) {
     free(n->name);
     free(n->op_type);
     free(n->domain);
@@ -53,6 +53,7 @@ static void eng_node_release(eng_node *n) {
     free(n->outputs);
     for (int i = 0; i < n->nattr; i++) eng_attr_clear(&n->attrs[i]);
     free(n->attrs);
+    memset(n, 0, sizeof *n);
 }
 
 eng_graph *eng_graph_new(void) {

@@ -104,6 +104,8 @@ eng_status eng_node_add_attr(eng_graph *g, int node, const eng_attr *a);
 eng_status eng_node_take_attr(eng_graph *g, int node, eng_attr *a);
 /* Free an attribute's payload (name, strings, arrays, tensor data, subgraph) and zero it; not the struct. */
 void eng_attr_clear(eng_attr *a);
+/* Free everything a node owns (names, io arrays, attributes) and zero it; the slot stays in g->nodes. */
+void eng_node_release(eng_node *n);
 /* Deep copy of a graph (subgraphs included); the copy's parent is g->parent. NULL on allocation failure. */
 eng_graph *eng_graph_clone(const eng_graph *g);
 /* Name -> value index table for bulk builders (loaders); the graph itself keeps no index. Zero-initialise,
