@@ -17,41 +17,7 @@
 #include <time.h>
 
 #include "op.h"
-
-enum { VAL_NONE = 0, VAL_INPUT, VAL_CONST, VAL_ARENA, VAL_ALIAS, VAL_DYN };
-
-typedef struct plan_step {
-    int node;
-    const eng_op_def *def;
-    const krn_kernel *kernel;   /* NULL for ALIAS ops */
-    void *params;
-    void *state;
-    int inited;
-    unsigned const_mask;
-} plan_step;
-
-struct eng_plan {
-    const eng_graph *g;
-    eng_plan_opts opts;
-    int nthreads;
-    eng_tensor *vals;   /* nvalues */
-    int *kind;          /* VAL_* */
-    int *root;          /* storage root value */
-    plan_step *steps;
-    int nsteps;
-    int dynamic;        /* shapes inferred per run from step `dyn_from` on */
-    int nfolded;
-    void **owned;       /* constant buffers created while folding */
-    int nowned, capowned;
-    void *arena;
-    size_t arena_bytes, naive_bytes;
-    /* dynamic runs */
-    int *uses;          /* remaining readers per value (dynamic) */
-    int *nreaders;      /* readers per value incl. graph outputs */
-    void **dyn_bufs;    /* per value: buffer allocated in the current dynamic run */
-    double *prof_ms;    /* TENSORD_PROFILE=1: time per static step, summed over runs; printed by eng_plan_free */
-    int64_t prof_runs;
-};
+#include "plan-impl.h"
 
 static double plan_now_ms(void) {
     struct timespec ts;
@@ -166,7 +132,8 @@ static int buf_cmp(const void *a, const void *b) {
     return x->first - y->first;
 }
 
-static eng_status plan_memory(eng_plan *p) {
+/* Lay out the arena; allocate it and point values into it when `alloc`. */
+static eng_status plan_layout(eng_plan *p, int alloc) {
     const eng_graph *g = p->g;
     int nv = g->nvalues;
     int *first = malloc((size_t)nv * sizeof(int)), *last = malloc((size_t)nv * sizeof(int));
@@ -220,6 +187,11 @@ static eng_status plan_memory(eng_plan *p) {
     }
     eng_status st = ENG_STATUS_OK;
     p->arena_bytes = total;
+    if (!alloc) {
+        p->naive_bytes = 0;
+        free(first); free(last); free(bufs);
+        return st;
+    }
     if (total > 0) {
         p->arena = eng_alloc(total);
         if (!p->arena) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes of activations", total);
@@ -231,6 +203,14 @@ static eng_status plan_memory(eng_plan *p) {
     }
     free(first); free(last); free(bufs);
     return st;
+}
+
+static eng_status plan_memory(eng_plan *p) { return plan_layout(p, 1); }
+
+eng_status plan_arena_need(eng_plan *p, size_t *bytes) {
+    ENG_TRY(plan_layout(p, 0));
+    *bytes = p->arena_bytes;
+    return ENG_STATUS_OK;
 }
 
 static eng_status init_steps(eng_plan *p) {
@@ -399,9 +379,12 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
     if (!p->dynamic) {
         const char *prof = getenv("TENSORD_PROFILE");
         if (prof && *prof && *prof != '0') p->prof_ms = calloc((size_t)p->nsteps + 1, sizeof *p->prof_ms);
-        st = plan_memory(p);
-        if (st == ENG_STATUS_OK) st = init_steps(p);
-        if (st != ENG_STATUS_OK) goto fail;
+        plan_split_try(p, inputs);
+        if (!p->split) {
+            st = plan_memory(p);
+            if (st == ENG_STATUS_OK) st = init_steps(p);
+            if (st != ENG_STATUS_OK) goto fail;
+        }
     } else {
         p->uses = calloc((size_t)nv + 1, sizeof *p->uses);
         p->nreaders = calloc((size_t)nv + 1, sizeof *p->nreaders);
@@ -507,6 +490,7 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
         ENG_TRY(check_run_input(g, i, &p->vals[v], &inputs[i]));
         p->vals[v].data = inputs[i].data;
     }
+    if (p->split) return plan_split_run(p, inputs, outputs);
     omp_set_num_threads(p->nthreads);
     if (p->dynamic) {
         ENG_TRY(run_dynamic(p));
@@ -550,12 +534,16 @@ void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
     st->dynamic = p->dynamic;
     st->arena_bytes = p->arena_bytes;
     st->naive_bytes = p->naive_bytes;
+    plan_split_stats(p, st);
 }
 
 void eng_plan_free(eng_plan **pp) {
     if (!pp || !*pp) return;
     eng_plan *p = *pp;
-    if (p->prof_ms && p->prof_runs > 0) {
+    int was_split = p->split != NULL;
+    plan_split_free(p->split);
+    p->split = NULL;
+    if (p->prof_ms && p->prof_runs > 0 && !was_split) {
         fprintf(stderr, "profile: %lld runs, mean ms per step\n", (long long)p->prof_runs);
         for (int si = 0; si < p->nsteps; si++) {
             const eng_node *n = &p->g->nodes[p->steps[si].node];

@@ -6,6 +6,13 @@
  * reuse. Running it only executes kernels. When some output shape depends on a runtime value (a Reshape whose
  * shape is a graph input, NonZero, ...) the plan is "dynamic": it re-infers shapes and allocates per run.
  *
+ * Batch-parallel execution: with nthreads > 1 and a batch of N > 1, a static plan whose every node keeps the
+ * rows of its batch dimension independent (convolutions, pooling, per-row matmuls, eltwise, softmax over other
+ * axes ...; proven op by op, see plan-split.c) is run as sub-batches: each thread runs its own single-threaded
+ * sub-plan over its share of the rows, sized so one sub-batch's activations stay in the core's L2 cache.
+ * No thread waits on another between layers. Set TENSORD_BATCH_SPLIT=0 (or opts.no_split) to turn it off;
+ * TENSORD_SPLIT_ROWS=R (or opts.split_rows) forces R rows per sub-batch wherever a split is correct (tests).
+ *
  * A plan is not reentrant: one run at a time (eng_session serialises). It borrows the graph, which must
  * outlive it.
  */
@@ -26,6 +33,8 @@ typedef struct eng_plan_opts {
     const krn_backend *backend; /* NULL: CPU */
     int nthreads;               /* <= 0: all cores */
     eng_precision precision;
+    int no_split;               /* 1: never run as parallel sub-batches (see below) */
+    int split_rows;             /* > 0: rows per sub-batch when the plan can split (tests); 0: chosen by cache size */
 } eng_plan_opts;
 
 typedef struct eng_plan eng_plan;
@@ -37,6 +46,8 @@ typedef struct eng_plan_stats {
     int dynamic;        /* 1 if shapes are inferred per run */
     size_t arena_bytes; /* activations arena (static plans) */
     size_t naive_bytes; /* sum of all intermediate sizes without reuse */
+    int split_rows;     /* batch-parallel plans: rows per sub-batch (0: the plan runs whole) */
+    int split_workers;  /* batch-parallel plans: threads each running its own sub-batches */
 } eng_plan_stats;
 
 /* inputs: g->ninputs tensors in g->inputs order giving dtype and shape (data ignored); an entry with dtype

@@ -186,8 +186,10 @@ int srv_cmd_bench(int argc, char **argv) {
         eng_session_last_stats(s, &st);
         qsort(t, (size_t)a.iterations, sizeof *t, dbl_cmp);
         double med = t[a.iterations / 2], p90 = t[(int)((a.iterations - 1) * 0.9)];
-        printf("model=%s nodes=%d steps=%d folded=%d dynamic=%d arena_bytes=%zu (without reuse %zu) first_run_ms=%.3f\n",
+        printf("model=%s nodes=%d steps=%d folded=%d dynamic=%d arena_bytes=%zu (without reuse %zu) first_run_ms=%.3f",
                a.model, st.nodes, st.steps, st.folded, st.dynamic, st.arena_bytes, st.naive_bytes, first);
+        if (st.split_workers) printf(" batch_split=%d threads x %d rows", st.split_workers, st.split_rows);
+        printf("\n");
         printf("iterations=%d min_ms=%.4f max_ms=%.4f\n", a.iterations, t[0], t[a.iterations - 1]);
         printf("median_ms=%.4f p90_ms=%.4f\n", med, p90);
     }
