@@ -482,12 +482,63 @@ const char *srv_json_ws(const char *p, const char *end) {
     return p;
 }
 
+/* Eight ASCII digits in the little-endian word v? (SWAR: each byte in '0'..'9') */
+static inline int srv_is_8digits(uint64_t v) {
+    return (((v & 0xF0F0F0F0F0F0F0F0ull) | (((v + 0x0606060606060606ull) & 0xF0F0F0F0F0F0F0F0ull) >> 4)) ==
+            0x3333333333333333ull);
+}
+
+/* The value of eight ASCII digits (first digit in the lowest byte): pairs, then quads, then the octet. */
+static inline uint32_t srv_parse_8digits(uint64_t v) {
+    v -= 0x3030303030303030ull;
+    v = (v * 10) + (v >> 8);                                                      /* pairs in bytes 0,2,4,6 */
+    v = (((v & 0x000000FF000000FFull) * 100 + ((v >> 16) & 0x000000FF000000FFull)));  /* quads in 0 and 4 */
+    return (uint32_t)((v & 0xFFFFFFFFull) * 10000 + (v >> 32));
+}
+
+static inline int srv_ndigits8(uint64_t m) { /* digits of 0 < m < 10^8 */
+    return 1 + (m >= 10) + (m >= 100) + (m >= 1000) + (m >= 10000) + (m >= 100000) + (m >= 1000000) +
+           (m >= 10000000);
+}
+
+/* Digits at *p (at most `cap` significant ones go into *m, counted in *sd; the rest only count in *skipped and
+ * set *inexact when nonzero). frac: digits after the decimal point (each significant one scales by 1/10, and
+ * leading zeros of a zero mantissa too). Returns the end. Eight digits at a time while they fit. */
+static const char *srv_digits(const char *p, const char *end, uint64_t *m, int *sd, int *scale, int *inexact, int frac) {
+    while (end - p >= 8 && *sd + 8 <= 19) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        if (!srv_is_8digits(v)) break;
+        uint64_t was = *m;
+        *m = was * 100000000u + srv_parse_8digits(v);
+        if (was) *sd += 8;
+        else *sd = *m ? srv_ndigits8(*m) : 0;
+        if (frac) *scale -= 8;
+        p += 8;
+    }
+    for (; p < end && *p >= '0' && *p <= '9'; p++) {
+        if (*m == 0 && *p == '0') {
+            if (frac) (*scale)--; /* leading zeros are not significant */
+        } else if (*sd < 19) {
+            *m = *m * 10 + (uint64_t)(*p - '0'), (*sd)++;
+            if (frac) (*scale)--;
+        } else {
+            if (!frac) (*scale)++;
+            *inexact |= *p != '0';
+        }
+    }
+    return p;
+}
+
 /* One number in strict JSON syntax at *p: the double strtod gives for it (correctly rounded). 0 if the text
- * is not such a number (or is longer than 63 bytes). Up to 19 significant digits and a decimal exponent
- * within +-27 are converted with one x87 extended-precision operation (exact operands, 64-bit mantissa),
- * then rounded to double; a result within one extended ulp of a double rounding boundary, and anything else,
- * goes to strtod. */
+ * is not such a number (or is longer than 63 bytes). Digits are read eight at a time. A mantissa below 2^53
+ * with a decimal exponent within +-22 is one correctly rounded double multiplication or division of exact
+ * operands (Clinger's fast path). Up to 19 significant digits and an exponent within +-27 are converted with
+ * one x87 extended-precision operation, then rounded to double; a result within one extended ulp of a double
+ * rounding boundary, and anything else, goes to strtod. */
 static int srv_json_fast_num(const char **pp, const char *end, double *out) {
+    static const double d10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
     static const long double p10[] = {1e0L, 1e1L, 1e2L, 1e3L, 1e4L, 1e5L, 1e6L, 1e7L, 1e8L, 1e9L,
                                       1e10L, 1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L,
                                       1e20L, 1e21L, 1e22L, 1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
@@ -499,20 +550,13 @@ static int srv_json_fast_num(const char **pp, const char *end, double *out) {
     if (*p == '0') {
         p++;
     } else if (*p >= '1' && *p <= '9') {
-        for (; p < end && *p >= '0' && *p <= '9'; p++) {
-            if (sd < 19) m = m * 10 + (uint64_t)(*p - '0'), sd++;
-            else scale++, inexact |= *p != '0';
-        }
+        p = srv_digits(p, end, &m, &sd, &scale, &inexact, 0);
     } else {
         return 0;
     }
     if (p < end && *p == '.') {
         const char *f0 = ++p;
-        for (; p < end && *p >= '0' && *p <= '9'; p++) {
-            if (m == 0 && *p == '0') scale--; /* leading zeros are not significant */
-            else if (sd < 19) m = m * 10 + (uint64_t)(*p - '0'), sd++, scale--;
-            else inexact |= *p != '0';
-        }
+        p = srv_digits(p, end, &m, &sd, &scale, &inexact, 1);
         if (p == f0) return 0;
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
@@ -528,6 +572,9 @@ static int srv_json_fast_num(const char **pp, const char *end, double *out) {
     int done = 0;
     if (m == 0) {
         d = 0, done = 1;
+    } else if (!inexact && m < (1ull << 53) && e10 >= -22 && e10 <= 22) {
+        d = e10 >= 0 ? (double)m * d10[e10] : (double)m / d10[-e10];
+        done = 1;
     } else if (!inexact && e10 >= -27 && e10 <= 27) {
         long double r = e10 >= 0 ? (long double)m * p10[e10] : (long double)m / p10[-e10];
         union { long double ld; struct { uint64_t mant; uint16_t se; } b; } u;

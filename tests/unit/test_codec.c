@@ -135,6 +135,48 @@ Test(json, floats_round_trip) {
     free(s);
 }
 
+/* srv_json_fast_num must give exactly strtod's double for every JSON number: random digit strings of 1-25
+ * significant digits with leading zeros, fractions and exponents, covering the eight-at-a-time digit reader,
+ * Clinger's fast path, the x87 path and the strtod fallback. */
+Test(json, fast_num_matches_strtod) {
+    unsigned st = 99;
+    char s[80];
+    for (int it = 0; it < 200000; it++) {
+        int k = 0;
+        st = st * 1103515245u + 12345u;
+        if (st >> 31) s[k++] = '-';
+        st = st * 1103515245u + 12345u;
+        int ni = (st >> 16) % 12, nf = (st >> 8) % 22, lz = (st >> 4) % 9;
+        if (ni == 0) s[k++] = '0';
+        for (int i = 0; i < ni; i++) {
+            st = st * 1103515245u + 12345u;
+            s[k++] = (char)('0' + (i == 0 ? 1 + (st >> 16) % 9 : (st >> 16) % 10));
+        }
+        if (nf) {
+            s[k++] = '.';
+            for (int i = 0; i < nf; i++) {
+                st = st * 1103515245u + 12345u;
+                s[k++] = (char)(i < lz ? '0' : '0' + (st >> 16) % 10);
+            }
+        }
+        st = st * 1103515245u + 12345u;
+        if ((st >> 20) % 3 == 0) k += sprintf(s + k, "e%d", (int)((st >> 8) % 80) - 40);
+        s[k] = '\0';
+        const char *p = s;
+        double got = -1, want = strtod(s, NULL);
+        cr_assert(srv_json_fast_num(&p, s + k, &got), "rejected %s", s);
+        cr_assert_eq(p, s + k, "stopped early in %s", s);
+        cr_assert(memcmp(&got, &want, sizeof got) == 0, "%s: got %.17g, strtod %.17g", s, got, want);
+    }
+    const char *bad[] = {"-", ".5", "1.", "01", "1e", "1e+", "+1", "--1", "1.e5"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *p = bad[i];
+        double d;
+        int ok = srv_json_fast_num(&p, bad[i] + strlen(bad[i]), &d);
+        cr_expect(!ok || p != bad[i] + strlen(bad[i]), "accepted %s whole", bad[i]);
+    }
+}
+
 /* ---- TF Serving predict ---- */
 
 Test(tfs, row_single_input) {
