@@ -438,40 +438,42 @@ void plan_split_try(eng_plan *p, const eng_tensor *inputs) {
         if (g->values[v].init) wbytes += eng_tensor_nbytes(g->values[v].init);
     if (wbytes > SPLIT_WEIGHT_LIMIT) return;
 
+    char why[256] = "";
+#define NO_SPLIT(msg) do { snprintf(why, sizeof why, "%s", msg); goto out; } while (0)
     plan_split *sp = calloc(1, sizeof *sp);
     split_an a = {.p = p, .m = calloc((size_t)g->nvalues + 1, sizeof(int64_t))};
-    if (!sp || !a.m) goto out;
+    if (!sp || !a.m) NO_SPLIT("out of memory");
     sp->nworkers = T;
     sp->in_m = calloc((size_t)g->ninputs + 1, sizeof *sp->in_m);
     sp->out_m = calloc((size_t)g->noutputs + 1, sizeof *sp->out_m);
     sp->full = calloc((size_t)T, sizeof *sp->full);
     sp->outs = calloc((size_t)g->noutputs + 1, sizeof *sp->outs);
-    if (!sp->in_m || !sp->out_m || !sp->full || !sp->outs) goto out;
+    if (!sp->in_m || !sp->out_m || !sp->full || !sp->outs) NO_SPLIT("out of memory");
     /* the batch: axis 0 of every fed input whose declared first dim is not fixed */
     for (int i = 0; i < g->ninputs; i++) {
         int v = g->inputs[i];
         const eng_value *dv = &g->values[v];
         if (p->kind[v] != VAL_INPUT || (dv->ndim >= 1 && dv->dims[0] >= 0)) continue;
         const eng_tensor *t = &p->vals[v];
-        if (t->ndim < 1) goto out;
+        if (t->ndim < 1) NO_SPLIT("a batched input is a scalar");
         if (!sp->N) sp->N = t->dims[0];
-        if (t->dims[0] != sp->N) goto out;
+        if (t->dims[0] != sp->N) NO_SPLIT("batched inputs differ in rows");
         sp->in_m[i] = 1;
         a.m[v] = 1;
     }
     a.N = sp->N;
-    if (sp->N < 2) goto out;
+    if (sp->N < 2) NO_SPLIT("batch of one");
     for (int si = 0; si < p->nsteps; si++)
-        if (!an_node(&a, &p->steps[si])) goto out;
+        if (!an_node(&a, &p->steps[si])) NO_SPLIT(a.why);
     for (int i = 0; i < g->noutputs; i++) {
         sp->out_m[i] = a.m[g->outputs[i]];
-        if (!sp->out_m[i]) goto out;
+        if (!sp->out_m[i]) NO_SPLIT("an output has no batch rows");
     }
     /* Chunk size: one chunk's activations fit the L2 cache. Every chunk re-reads all weights, so a chunk whose
      * activations are smaller than the weights loses more to weight traffic than it gains in locality (MLPs and
      * transformers at these sizes): those plans stay whole. Chunks are a multiple of the workers. */
     size_t need = 0;
-    if (plan_arena_need(p, &need) != ENG_STATUS_OK) goto out;
+    if (plan_arena_need(p, &need) != ENG_STATUS_OK) NO_SPLIT(eng_last_error());
     int64_t per_row = (int64_t)(need / (size_t)sp->N) + 1;
     int64_t rows = (int64_t)split_cache_bytes() / per_row, maxrows = (sp->N + T - 1) / T;
     if (rows < 1) rows = 1;
@@ -480,7 +482,7 @@ void plan_split_try(eng_plan *p, const eng_tensor *inputs) {
     const char *fe = getenv("TENSORD_SPLIT_ROWS");
     if (force <= 0 && fe && *fe) force = strtoll(fe, NULL, 10);
     if (force > 0) rows = force < sp->N ? force : sp->N;
-    else if ((size_t)(rows * per_row) < wbytes) goto out;
+    else if ((size_t)(rows * per_row) < wbytes) NO_SPLIT("a sub-batch's activations are smaller than the weights");
     int64_t nchunks = (sp->N + rows - 1) / rows;
     if (force <= 0) {
         nchunks = (nchunks + T - 1) / T * T;
@@ -490,18 +492,18 @@ void plan_split_try(eng_plan *p, const eng_tensor *inputs) {
     sp->nchunks = (sp->N + rows - 1) / rows;
     int64_t last = sp->N - (sp->nchunks - 1) * rows;
     for (int w = 0; w < T; w++) {
-        if (split_plan_new(p, inputs, sp, rows, &sp->full[w]) != ENG_STATUS_OK) goto out;
-        if (w == 0 && !split_verify(p, sp->full[0], a.m, rows)) goto out;
+        if (split_plan_new(p, inputs, sp, rows, &sp->full[w]) != ENG_STATUS_OK) NO_SPLIT(eng_last_error());
+        if (w == 0 && !split_verify(p, sp->full[0], a.m, rows)) NO_SPLIT("the sub-plan differs from the analysis");
     }
     if (last != rows &&
         (split_plan_new(p, inputs, sp, last, &sp->tail) != ENG_STATUS_OK || !split_verify(p, sp->tail, a.m, last)))
-        goto out;
+        NO_SPLIT("the tail plan failed or differs");
     for (int i = 0; i < g->noutputs; i++) {
         eng_tensor *o = &sp->outs[i];
         *o = p->vals[g->outputs[i]];
         size_t nb = eng_tensor_nbytes(o);
         o->data = eng_alloc(nb ? nb : 1);
-        if (!o->data) goto out;
+        if (!o->data) NO_SPLIT("out of memory");
     }
     p->arena_bytes = 0;
     for (int w = 0; w < T; w++) p->arena_bytes += sp->full[w]->arena_bytes;
@@ -509,9 +511,11 @@ void plan_split_try(eng_plan *p, const eng_tensor *inputs) {
     p->split = sp;
     sp = NULL;
 out:
+    if (sp && why[0] && getenv("TENSORD_PROFILE")) fprintf(stderr, "batch split not used: %s\n", why);
     plan_split_free(sp);
     free(a.m);
     eng_err_clear();
+#undef NO_SPLIT
 }
 
 eng_status plan_split_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outputs) {

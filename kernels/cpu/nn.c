@@ -32,7 +32,7 @@ typedef struct mm_state {
     int64_t M, K, N, batch; /* for GEMV / collapsed 2-D */
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
-    dnnl_memory_t msrc, mwei, mbias, mdst;
+    dnnl_memory_t msrc, mwei, mbias, mdst, mscratch;
     void *wpack;          /* packed constant weights (oneDNN layout or GEMV panels), owned */
     float *bias;          /* beta * C when C is constant (owned), else NULL (C read at exec) */
     int bias_arg;         /* bias memory is bound */
@@ -47,6 +47,7 @@ static void mm_free(void *p) {
     if (s->mwei) dnnl_memory_destroy(s->mwei);
     if (s->mbias) dnnl_memory_destroy(s->mbias);
     if (s->mdst) dnnl_memory_destroy(s->mdst);
+    if (s->mscratch) dnnl_memory_destroy(s->mscratch);
     eng_free(s->wpack);
     eng_free(s->bias);
     free(s);
@@ -249,7 +250,7 @@ static eng_status mm_dnnl_build(krn_call *c, mm_state *s, const mm_shapes *sh) {
     dnnl_post_ops_create(&po);
     eng_status st = krn_dnnl_append_act(po, &p->act);
     if (st == ENG_STATUS_OK && dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success) st = ENG_STATUS_INTERNAL;
-    if (st == ENG_STATUS_OK) st = krn_dnnl_prim(&md, attr, &s->pd, &s->prim);
+    if (st == ENG_STATUS_OK) st = krn_dnnl_prim(&md, attr, &s->pd, &s->prim, &s->mscratch);
     dnnl_post_ops_destroy(po);
     dnnl_primitive_attr_destroy(attr);
     ENG_TRY(st);
@@ -427,9 +428,11 @@ static eng_status mm_exec(krn_call *c) {
         KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, c->out[0].data));
         if (!((c->const_mask >> 1) & 1)) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
         if (s->bias_arg && !s->bias) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, c->in[2].data));
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst},
-                                   {DNNL_ARG_BIAS, s->mbias}};
-        KRN_DNNL_CHECK(dnnl_primitive_execute(s->prim, stream, s->bias_arg ? 4 : 3, args));
+        dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
+        int na = 3;
+        if (s->bias_arg) args[na].arg = DNNL_ARG_BIAS, args[na++].memory = s->mbias;
+        if (s->mscratch) args[na].arg = DNNL_ARG_SCRATCHPAD, args[na++].memory = s->mscratch;
+        KRN_DNNL_CHECK(dnnl_primitive_execute(s->prim, stream, na, args));
         KRN_DNNL_CHECK(dnnl_stream_wait(stream));
         return ENG_STATUS_OK;
     }

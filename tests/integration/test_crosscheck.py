@@ -11,6 +11,8 @@ second. Comparison rule and "clean error" are defined in conftest.py.
 import re
 import subprocess
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -53,6 +55,8 @@ SMALL_ARCH = {
     "cnn": (lambda: bench_models.build_cnn(hw=12, channels=8), (1, 12, 12)),
     "cnn-full": (lambda: bench_models.build_cnn(), (1, 28, 28)),
     "resnet": (lambda: bench_models.build_resnet(hw=16, widths=(4, 8, 16), blocks=2), (3, 16, 16)),
+    # >= 32 channels: Winograd convolutions, including residual ones (sum post-op)
+    "resnet-wide": (lambda: bench_models.build_resnet(hw=16, widths=(32, 64, 64), blocks=2), (3, 16, 16)),
     "transformer": (lambda: bench_models.build_transformer(layers=2, d=32, heads=4, seq=8, ffn=64), (8, 32)),
 }
 
@@ -64,6 +68,21 @@ def test_bench_architecture(tensord, arch, batch):
     model = build()
     feeds = {"x": bench_models.make_input(per_sample, batch, seed=batch)}
     res = tensord.predict(tensord.save_model(model), feeds)
+    assert_matches_ort(res, model, feeds)
+
+
+@pytest.mark.parametrize("arch", ["resnet-wide", "cnn", "transformer"])
+def test_bench_architecture_two_threads_batch_split(tensord, arch):
+    """Two threads and a batch of 5 in chunks of 2: each worker thread runs its own sub-plan, so oneDNN
+    primitives run on threads other than the one that created them (user scratchpads), plus a tail chunk."""
+    build, per_sample = SMALL_ARCH[arch]
+    model = build()
+    feeds = {"x": bench_models.make_input(per_sample, 5, seed=5)}
+    os.environ["TENSORD_SPLIT_ROWS"] = "2"
+    try:
+        res = tensord.predict(tensord.save_model(model), feeds, threads=2)
+    finally:
+        del os.environ["TENSORD_SPLIT_ROWS"]
     assert_matches_ort(res, model, feeds)
 
 

@@ -175,6 +175,8 @@ Test(nn, conv_parameter_sweep) {
         {1, 3, 11, 13, 5, 3, 3, 1, 2, 3, 2, 2, 2, 1, 0, 2, 1},    /* strides + dilations */
         {3, 16, 6, 6, 32, 1, 1, 1, 2, 2, 1, 1, 0, 0, 0, 0, 1},    /* 1x1 stride 2 projection */
         {1, 5, 5, 5, 3, 5, 5, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1},      /* kernel = input */
+        {2, 32, 9, 7, 48, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},    /* >= 32 channels (plain layout: direct) */
+        {1, 64, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0},    /* valid pads, no bias */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         conv_check(&cases[i], 1);
