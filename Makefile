@@ -77,11 +77,12 @@ $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -I. -Xcompiler -fPIC -c $< -o $@
 
-$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a
+# Unit tests #include the server sources they test: -MMD records those, so editing one rebuilds the test.
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libtensord.a -lcriterion $(LDLIBS)
+	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a -lcriterion $(LDLIBS)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/tests -name '*.d' 2>/dev/null)
 
 # ---- dependencies ----
 APT_PKGS := build-essential clang libclang-rt-14-dev pkg-config libdnnl-dev libopenblas-dev libprotobuf-c-dev \

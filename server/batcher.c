@@ -2,8 +2,10 @@
  *
  * Invariants: every queued request is in exactly one place — the FIFO queue (not yet taken), or a
  * worker's batch (taken; the submitter waits for it to finish, a deadline no longer applies). queued_rows
- * is the sum of rows in the FIFO. A submitter only returns after its request left both places, so the
- * worker never writes into a request whose caller is gone.
+ * is the sum of rows in the FIFO. A blocking submitter only returns after its request left both places, so
+ * the worker never writes into a request whose caller is gone. An asynchronous request (heap-allocated, no
+ * waiter) is completed by the worker: its callback runs outside the lock, then the worker frees it; one whose
+ * deadline passes in the queue is taken out by the worker that next forms a batch.
  */
 #include "batcher.h"
 
@@ -22,6 +24,10 @@ typedef struct bt_req {
     int done;
     srv_code code;
     srv_error err;
+    pthread_cond_t cv;    /* signalled when done: each submitter wakes only for its own request */
+    srv_batch_done_fn async_done; /* non-NULL: asynchronous (see batcher.h); the worker completes and frees it */
+    void *async_arg;
+    int64_t deadline_us;
     struct bt_req *next;
 } bt_req;
 
@@ -32,7 +38,6 @@ struct srv_batcher {
     void *ctx;
     pthread_mutex_t mu;
     pthread_cond_t work;  /* queue changed or stopping */
-    pthread_cond_t done;  /* some request finished */
     bt_req *head, *tail;
     int64_t queued_rows;
     int stopping;
@@ -154,6 +159,37 @@ static void bt_run_batch(srv_batcher *b, bt_req **reqs, int n, int64_t rows) {
     srv_tensors_free(&out);
 }
 
+/* Take every asynchronous request whose deadline passed out of the queue (lock held); returns them as a list. */
+static bt_req *bt_take_expired(srv_batcher *b) {
+    bt_req *list = NULL, **lt = &list, **pp = &b->head, *prev = NULL;
+    int64_t now = 0;
+    while (*pp) {
+        bt_req *r = *pp;
+        if (r->async_done && r->deadline_us > 0 && (now ? now : (now = srv_now_us())) >= r->deadline_us) {
+            *pp = r->next;
+            if (b->tail == r) b->tail = prev;
+            b->queued_rows -= r->rows;
+            r->code = srv_err(&r->err, SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting in the batching queue");
+            *lt = r, lt = &r->next;
+        } else {
+            prev = r;
+            pp = &r->next;
+        }
+    }
+    *lt = NULL;
+    return list;
+}
+
+/* Run the callbacks of a list of finished asynchronous requests and free them (no lock held). */
+static void bt_complete_async(bt_req *r) {
+    while (r) {
+        bt_req *next = r->next;
+        r->async_done(r->async_arg, r->code, &r->err);
+        free(r);
+        r = next;
+    }
+}
+
 static void *bt_worker(void *arg) {
     srv_batcher *b = arg;
     bt_req **batch = malloc((size_t)(b->o.max_batch_size + 1) * sizeof *batch);
@@ -169,7 +205,13 @@ static void *bt_worker(void *arg) {
             bt_abstime(left, &ts);
             pthread_cond_timedwait(&b->work, &b->mu, &ts);
         }
-        if (!b->head) continue; /* another worker took it */
+        bt_req *expired = bt_take_expired(b);
+        if (expired) {
+            pthread_mutex_unlock(&b->mu);
+            bt_complete_async(expired);
+            pthread_mutex_lock(&b->mu);
+        }
+        if (!b->head) continue; /* another worker took it, or it expired */
         const srv_tensors *lead = b->head->in;
         int n = 0;
         int64_t rows = 0, queue_us = srv_now_us() - b->head->enq_us;
@@ -190,9 +232,19 @@ static void *bt_worker(void *arg) {
         pthread_mutex_unlock(&b->mu);
         bt_run_batch(b, batch, n, rows);
         if (b->observe) b->observe(b->ctx, rows, bt_pad_to(b, rows), queue_us);
+        bt_req *async = NULL, **at = &async;
+        int nsync = 0;
+        for (int k = 0; k < n; k++) { /* asynchronous ones to a list (freed as they complete), waiters kept */
+            if (batch[k]->async_done) *at = batch[k], at = &batch[k]->next;
+            else batch[nsync++] = batch[k];
+        }
+        *at = NULL;
+        bt_complete_async(async);
         pthread_mutex_lock(&b->mu);
-        for (int k = 0; k < n; k++) batch[k]->done = 1;
-        pthread_cond_broadcast(&b->done);
+        for (int k = 0; k < nsync; k++) {
+            batch[k]->done = 1;
+            pthread_cond_signal(&batch[k]->cv);
+        }
     }
     pthread_mutex_unlock(&b->mu);
     free(batch);
@@ -211,7 +263,6 @@ srv_batcher *srv_batcher_new(const srv_batch_opts *o, srv_batch_run_fn run, srv_
     b->ctx = ctx;
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->work, NULL);
-    pthread_cond_init(&b->done, NULL);
     b->threads = calloc((size_t)b->o.num_batch_threads, sizeof *b->threads);
     if (!b->threads) {
         free(b);
@@ -229,8 +280,8 @@ srv_batcher *srv_batcher_new(const srv_batch_opts *o, srv_batch_run_fn run, srv_
     return b;
 }
 
-srv_code srv_batcher_submit(srv_batcher *b, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                            srv_error *err) {
+/* Row count of a request (every input rank >= 1, the same dim 0, within max_batch_size). */
+static srv_code bt_rows(const srv_batcher *b, const srv_tensors *in, int64_t *out_rows, srv_error *err) {
     if (in->n == 0) return srv_err(err, SRV_INVALID_ARGUMENT, "batching needs at least one input");
     int64_t rows = -1;
     for (int i = 0; i < in->n; i++) {
@@ -246,22 +297,57 @@ srv_code srv_batcher_submit(srv_batcher *b, const srv_tensors *in, srv_tensors *
     if (rows > b->o.max_batch_size)
         return srv_err(err, SRV_INVALID_ARGUMENT, "batching: request of %lld rows is larger than max_batch_size %lld",
                        (long long)rows, (long long)b->o.max_batch_size);
-    bt_req r = {.in = in, .out = out, .rows = rows, .enq_us = srv_now_us()};
-    pthread_mutex_lock(&b->mu);
-    if (b->stopping) {
-        pthread_mutex_unlock(&b->mu);
-        return srv_err(err, SRV_UNAVAILABLE, "the model version is being unloaded");
-    }
-    if (b->queued_rows + rows > b->o.max_enqueued_batches * b->o.max_batch_size) {
-        pthread_mutex_unlock(&b->mu);
+    *out_rows = rows;
+    return SRV_OK;
+}
+
+/* Append r to the queue unless stopping or full (lock held). */
+static srv_code bt_enqueue(srv_batcher *b, bt_req *r, srv_error *err) {
+    if (b->stopping) return srv_err(err, SRV_UNAVAILABLE, "the model version is being unloaded");
+    if (b->queued_rows + r->rows > b->o.max_enqueued_batches * b->o.max_batch_size)
         return srv_err(err, SRV_RESOURCE_EXHAUSTED, "batching queue is full (%lld rows queued, limit %lld)",
                        (long long)b->queued_rows, (long long)(b->o.max_enqueued_batches * b->o.max_batch_size));
-    }
-    if (b->tail) b->tail->next = &r;
-    else b->head = &r;
-    b->tail = &r;
-    b->queued_rows += rows;
+    if (b->tail) b->tail->next = r;
+    else b->head = r;
+    b->tail = r;
+    b->queued_rows += r->rows;
     pthread_cond_broadcast(&b->work);
+    return SRV_OK;
+}
+
+void srv_batcher_submit_async(srv_batcher *b, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
+                              srv_batch_done_fn done, void *arg) {
+    srv_error err = {0};
+    int64_t rows = 0;
+    srv_code c = bt_rows(b, in, &rows, &err);
+    bt_req *r = c == SRV_OK ? calloc(1, sizeof *r) : NULL;
+    if (c == SRV_OK && !r) c = srv_err(&err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    if (c == SRV_OK) {
+        *r = (bt_req){.in = in, .out = out, .rows = rows, .enq_us = srv_now_us(), .async_done = done,
+                      .async_arg = arg, .deadline_us = deadline_us};
+        pthread_mutex_lock(&b->mu);
+        c = bt_enqueue(b, r, &err);
+        pthread_mutex_unlock(&b->mu);
+        if (c == SRV_OK) return;
+        free(r);
+    }
+    done(arg, c, &err);
+}
+
+srv_code srv_batcher_submit(srv_batcher *b, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
+                            srv_error *err) {
+    int64_t rows = 0;
+    srv_code c0 = bt_rows(b, in, &rows, err);
+    if (c0 != SRV_OK) return c0;
+    bt_req r = {.in = in, .out = out, .rows = rows, .enq_us = srv_now_us()};
+    pthread_cond_init(&r.cv, NULL);
+    pthread_mutex_lock(&b->mu);
+    c0 = bt_enqueue(b, &r, err);
+    if (c0 != SRV_OK) {
+        pthread_mutex_unlock(&b->mu);
+        pthread_cond_destroy(&r.cv);
+        return c0;
+    }
     int timed_out = 0;
     while (!r.done) {
         if (deadline_us > 0) {
@@ -283,13 +369,14 @@ srv_code srv_batcher_submit(srv_batcher *b, const srv_tensors *in, srv_tensors *
             if (left > 0) {
                 struct timespec ts;
                 bt_abstime(left, &ts);
-                pthread_cond_timedwait(&b->done, &b->mu, &ts);
+                pthread_cond_timedwait(&r.cv, &b->mu, &ts);
                 continue;
             }
         }
-        pthread_cond_wait(&b->done, &b->mu);
+        pthread_cond_wait(&r.cv, &b->mu);
     }
     pthread_mutex_unlock(&b->mu);
+    pthread_cond_destroy(&r.cv);
     if (timed_out) return srv_err(err, SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting in the batching queue");
     if (r.code != SRV_OK && err) *err = r.err;
     return r.code;
@@ -305,7 +392,6 @@ void srv_batcher_free(srv_batcher **bp) {
     for (int i = 0; i < b->nthreads; i++) pthread_join(b->threads[i], NULL);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->work);
-    pthread_cond_destroy(&b->done);
     free(b->threads);
     free(b);
     *bp = NULL;

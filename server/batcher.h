@@ -38,6 +38,14 @@ srv_batcher *srv_batcher_new(const srv_batch_opts *o, srv_batch_run_fn run, srv_
  * out receives this request's slice of every output (owned copies). */
 srv_code srv_batcher_submit(srv_batcher *b, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
                             srv_error *err);
+/* The asynchronous form: queues the request and returns at once. done(arg, code, err) runs exactly once:
+ * on a batch worker after the request's batch ran and out holds its rows (or its deadline passed while
+ * queued), or on the calling thread, before this returns, when the request is refused at once (bad rows,
+ * queue full, unloading). in (and everything it points to) must stay valid until done runs. A server thread
+ * can hand a request over this way and go on: no thread waits for the batch. */
+typedef void (*srv_batch_done_fn)(void *arg, srv_code code, const srv_error *err);
+void srv_batcher_submit_async(srv_batcher *b, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
+                              srv_batch_done_fn done, void *arg);
 /* Finishes queued work, joins the workers, frees; sets *b NULL. */
 void srv_batcher_free(srv_batcher **b);
 

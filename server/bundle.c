@@ -651,12 +651,13 @@ static srv_code check_input(const srv_version *v, const srv_io *io, const eng_te
     return SRV_OK;
 }
 
-srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                             srv_error *err) {
+/* The inputs in signature order (a view: borrowed names and tensor data; names/ts are calloc'd for the caller
+ * to free), after checking names, dtypes and shapes. *batchable: every input has a batch dimension. */
+static srv_code version_view(srv_version *v, const srv_tensors *in, char ***names_out, eng_tensor **ts_out,
+                             int *batchable, srv_error *err) {
     char list[1024];
-    if (deadline_us > 0 && srv_now_us() >= deadline_us)
-        return VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded before the request ran");
     int nin = v->sig.ninputs;
+    *names_out = NULL, *ts_out = NULL;
     for (int k = 0; k < in->n; k++) {
         int known = 0;
         for (int i = 0; i < nin && !known; i++) known = strcmp(v->sig.inputs[i].name, in->names[k]) == 0;
@@ -668,11 +669,10 @@ srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors 
             if (strcmp(in->names[j], in->names[k]) == 0)
                 return VERR(SRV_INVALID_ARGUMENT, "input '%s' given twice", in->names[k]);
     }
-    /* A view in signature order: borrowed names and data, never freed here. */
     char **names = calloc((size_t)nin + 1, sizeof *names);
     eng_tensor *ts = calloc((size_t)nin + 1, sizeof *ts);
     srv_code c = (names && ts) ? SRV_OK : VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
-    int batchable = nin > 0;
+    *batchable = nin > 0;
     for (int i = 0; i < nin && c == SRV_OK; i++) {
         const srv_io *io = &v->sig.inputs[i];
         int k = srv_tensors_find(in, io->name);
@@ -684,16 +684,79 @@ srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors 
         c = check_input(v, io, &in->t[k], err);
         names[i] = in->names[k];
         ts[i] = in->t[k];
-        if (ts[i].ndim < 1) batchable = 0;
+        if (ts[i].ndim < 1) *batchable = 0;
     }
+    if (c != SRV_OK) {
+        free(names);
+        free(ts);
+        return c;
+    }
+    *names_out = names, *ts_out = ts;
+    return SRV_OK;
+}
+
+srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
+                             srv_error *err) {
+    if (deadline_us > 0 && srv_now_us() >= deadline_us)
+        return VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded before the request ran");
+    char **names;
+    eng_tensor *ts;
+    int batchable;
+    srv_code c = version_view(v, in, &names, &ts, &batchable, err);
     if (c == SRV_OK) {
-        srv_tensors view = {.n = nin, .names = names, .t = ts};
+        srv_tensors view = {.n = v->sig.ninputs, .names = names, .t = ts};
         if (v->batcher && batchable) c = srv_batcher_submit(v->batcher, &view, out, deadline_us, err);
         else c = version_run(v, &view, out, err);
     }
     free(names);
     free(ts);
     return c;
+}
+
+typedef struct version_async { /* one asynchronous request: its signature-order view and the caller's callback */
+    srv_tensors view;
+    srv_batch_done_fn done;
+    void *arg;
+} version_async;
+
+static void version_async_done(void *arg, srv_code code, const srv_error *err) {
+    version_async *a = arg;
+    srv_batch_done_fn done = a->done;
+    void *darg = a->arg;
+    free(a->view.names);
+    free(a->view.t);
+    free(a);
+    done(darg, code, err);
+}
+
+int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
+                              srv_batch_done_fn done, void *arg) {
+    if (!v->batcher) return 0;
+    srv_error e = {0}, *err = &e;
+    char **names;
+    eng_tensor *ts;
+    int batchable = 0;
+    srv_code c = deadline_us > 0 && srv_now_us() >= deadline_us
+                     ? VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded before the request ran")
+                     : version_view(v, in, &names, &ts, &batchable, err);
+    if (c == SRV_OK && !batchable) {
+        free(names);
+        free(ts);
+        return 0; /* not batched: the caller runs it */
+    }
+    version_async *a = c == SRV_OK ? calloc(1, sizeof *a) : NULL;
+    if (c == SRV_OK && !a) {
+        free(names);
+        free(ts);
+        c = VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (c != SRV_OK) {
+        done(arg, c, err);
+        return 1;
+    }
+    *a = (version_async){.view = {.n = v->sig.ninputs, .names = names, .t = ts}, .done = done, .arg = arg};
+    srv_batcher_submit_async(v->batcher, &a->view, out, deadline_us, version_async_done, a);
+    return 1;
 }
 
 static srv_code version_warmup(srv_version *v, srv_error *err) {

@@ -77,6 +77,13 @@ const srv_version_info *srv_version_get_info(const srv_version *v);
  * srv_now_us() deadline, 0 for none (then DEADLINE_EXCEEDED). */
 srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
                              srv_error *err);
+/* srv_version_predict through the version's batcher without waiting (srv_batcher_submit_async): 0 when the
+ * version does not batch this request (no batcher, an input without a batch dimension); the caller then uses
+ * srv_version_predict. Otherwise 1, and done(arg, code, err) runs exactly once: on a batch worker once out holds
+ * the outputs, or before this returns when the request is refused (bad input, queue full, deadline passed).
+ * in and out must stay valid, and v held, until then. */
+int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
+                              srv_batch_done_fn done, void *arg);
 /* 1 if srv_version_predict(v, in) is expected to return within about budget_us without waiting: no batcher,
  * a measured per-row run time (exponential average of earlier runs) times in's rows within the budget, and
  * no run of this version in progress or waiting that was not itself expected to be that quick. 0 when

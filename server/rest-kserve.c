@@ -134,20 +134,22 @@ static int64_t srv_kserve_hlen(const char *s) {
     return nd && !*s ? v : -2;
 }
 
-/* The second half of an inference: predict -> encode -> release v -> reply -> record. Takes in, kr and v. */
+/* The second half of an inference: predict (unless `done`: out already holds the result of an asynchronous
+ * predict, rc its status) -> encode -> release v -> reply -> record. Takes in, out, kr and v. */
 static void srv_kserve_finish(const srv_rest_req *q, const char *model, int64_t version, srv_version *v,
-                              srv_tensors *in, srv_kserve_req *kr, srv_code rc, srv_error *err, srv_reply *o) {
-    srv_tensors out = {0};
+                              srv_tensors *in, srv_tensors *done, srv_kserve_req *kr, srv_code rc, srv_error *err,
+                              srv_reply *o) {
+    srv_tensors local = {0}, *outp = done ? done : &local;
     int64_t ver = 0;
     char *body = NULL;
     size_t len = 0, json_len = 0;
     if (v) {
         const srv_version_info *info = srv_version_get_info(v);
         ver = info->version;
-        if (rc == SRV_OK) rc = srv_version_predict(v, in, &out, q->deadline_us, err);
-        if (rc == SRV_OK) body = srv_kserve_encode_infer(info, &out, kr, &len, &json_len, err);
+        if (rc == SRV_OK && !done) rc = srv_version_predict(v, in, outp, q->deadline_us, err);
+        if (rc == SRV_OK) body = srv_kserve_encode_infer(info, outp, kr, &len, &json_len, err);
         srv_tensors_free(in);
-        srv_tensors_free(&out);
+        srv_tensors_free(outp);
         srv_kserve_req_free(kr);
         srv_version_release(v);
     }
@@ -173,15 +175,35 @@ typedef struct srv_kserve_job { /* q's strings and body belong to the request, w
     char model[256];
     int64_t version;
     srv_version *v;
-    srv_tensors in;
+    srv_tensors in, out;
     srv_kserve_req kr;
+    srv_reply *o;                 /* asynchronous: where the reply goes, and who to tell */
+    void (*complete)(void *arg);
+    void *carg;
 } srv_kserve_job;
 
 static void srv_kserve_job_run(srv_rest_job *job, srv_reply *o) {
     srv_kserve_job *j = (srv_kserve_job *)job;
     srv_error err = {0};
-    srv_kserve_finish(&j->q, j->model, j->version, j->v, &j->in, &j->kr, SRV_OK, &err, o);
+    srv_kserve_finish(&j->q, j->model, j->version, j->v, &j->in, NULL, &j->kr, SRV_OK, &err, o);
     free(j);
+}
+
+static void srv_kserve_job_done(void *arg, srv_code rc, const srv_error *e) {
+    srv_kserve_job *j = arg;
+    srv_error err = {0};
+    if (rc != SRV_OK) err = *e;
+    void (*complete)(void *) = j->complete;
+    void *carg = j->carg;
+    srv_kserve_finish(&j->q, j->model, j->version, j->v, &j->in, &j->out, &j->kr, rc, &err, j->o);
+    free(j);
+    complete(carg);
+}
+
+static int srv_kserve_job_start(srv_rest_job *job, srv_reply *o, void (*complete)(void *), void *arg) {
+    srv_kserve_job *j = (srv_kserve_job *)job;
+    j->o = o, j->complete = complete, j->carg = arg;
+    return srv_version_predict_async(j->v, &j->in, &j->out, j->q.deadline_us, srv_kserve_job_done, j);
 }
 
 /* acquire -> decode -> (here, or on a worker when it may take long) predict -> encode -> release. */
@@ -201,8 +223,8 @@ static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t v
         if (rc == SRV_OK && !srv_rest_quick(q, v, &in)) {
             srv_kserve_job *j = malloc(sizeof *j);
             if (j) {
-                *j = (srv_kserve_job){.base.run = srv_kserve_job_run, .q = *q, .version = version, .v = v, .in = in,
-                                      .kr = kr};
+                *j = (srv_kserve_job){.base = {.run = srv_kserve_job_run, .start = srv_kserve_job_start}, .q = *q,
+                                      .version = version, .v = v, .in = in, .kr = kr};
                 snprintf(j->model, sizeof j->model, "%s", model);
                 j->q.defer = NULL;
                 *q->defer = &j->base;
@@ -210,7 +232,7 @@ static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t v
             }
         }
     }
-    srv_kserve_finish(q, model, version, v, &in, &kr, rc, &err, o);
+    srv_kserve_finish(q, model, version, v, &in, NULL, &kr, rc, &err, o);
 }
 
 /* /v2/models/... */

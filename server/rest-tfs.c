@@ -147,25 +147,26 @@ static void srv_tfs_metadata(const srv_rest_req *q, const srv_tfs_route *rt, srv
     srv_tfs_record(q, rt, ver, "metadata", SRV_OK);
 }
 
-/* The second half of an inference: predict -> encode -> release v -> reply -> record. Takes in and v. */
+/* The second half of an inference: predict (unless `done`: out already holds the result of an asynchronous
+ * predict, rc its status) -> encode -> release v -> reply -> record. Takes in, out and v. */
 static void srv_tfs_finish(const srv_rest_req *q, const srv_tfs_route *rt, srv_version *v, srv_tensors *in,
-                           srv_tfs_format fmt, srv_code rc, srv_error *err, srv_reply *o) {
+                           srv_tensors *done, srv_tfs_format fmt, srv_code rc, srv_error *err, srv_reply *o) {
     const char *api = rt->verb;
     int64_t ver = 0;
     char *body = NULL;
     size_t len = 0;
-    srv_tensors out = {0};
+    srv_tensors local = {0}, *outp = done ? done : &local;
     if (v) {
         const srv_version_info *info = srv_version_get_info(v);
         ver = info->version;
-        if (rc == SRV_OK) rc = srv_version_predict(v, in, &out, q->deadline_us, err);
+        if (rc == SRV_OK && !done) rc = srv_version_predict(v, in, outp, q->deadline_us, err);
         if (rc == SRV_OK) {
-            if (!strcmp(api, "predict")) body = srv_tfs_encode_predict(info, &out, fmt, &len, err);
-            else if (!strcmp(api, "classify")) body = srv_tfs_encode_classify(info, &out, &len, err);
-            else body = srv_tfs_encode_regress(info, &out, &len, err);
+            if (!strcmp(api, "predict")) body = srv_tfs_encode_predict(info, outp, fmt, &len, err);
+            else if (!strcmp(api, "classify")) body = srv_tfs_encode_classify(info, outp, &len, err);
+            else body = srv_tfs_encode_regress(info, outp, &len, err);
         }
         srv_tensors_free(in);
-        srv_tensors_free(&out);
+        srv_tensors_free(outp);
         srv_version_release(v);
     }
     if (body) {
@@ -183,15 +184,35 @@ typedef struct srv_tfs_job { /* q's strings and rt.verb point into the request, 
     srv_rest_req q;
     srv_tfs_route rt;
     srv_version *v;
-    srv_tensors in;
+    srv_tensors in, out;
     srv_tfs_format fmt;
+    srv_reply *o;                 /* asynchronous: where the reply goes, and who to tell */
+    void (*complete)(void *arg);
+    void *carg;
 } srv_tfs_job;
 
 static void srv_tfs_job_run(srv_rest_job *job, srv_reply *o) {
     srv_tfs_job *j = (srv_tfs_job *)job;
     srv_error err = {0};
-    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, j->fmt, SRV_OK, &err, o);
+    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, NULL, j->fmt, SRV_OK, &err, o);
     free(j);
+}
+
+static void srv_tfs_job_done(void *arg, srv_code rc, const srv_error *e) {
+    srv_tfs_job *j = arg;
+    srv_error err = {0};
+    if (rc != SRV_OK) err = *e;
+    void (*complete)(void *) = j->complete;
+    void *carg = j->carg;
+    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, &j->out, j->fmt, rc, &err, j->o);
+    free(j);
+    complete(carg);
+}
+
+static int srv_tfs_job_start(srv_rest_job *job, srv_reply *o, void (*complete)(void *), void *arg) {
+    srv_tfs_job *j = (srv_tfs_job *)job;
+    j->o = o, j->complete = complete, j->carg = arg;
+    return srv_version_predict_async(j->v, &j->in, &j->out, j->q.deadline_us, srv_tfs_job_done, j);
 }
 
 /* acquire -> decode -> (here, or on a worker when it may take long) predict -> encode -> release. */
@@ -208,14 +229,15 @@ static void srv_tfs_infer(const srv_rest_req *q, const srv_tfs_route *rt, srv_re
         if (rc == SRV_OK && !srv_rest_quick(q, v, &in)) {
             srv_tfs_job *j = malloc(sizeof *j);
             if (j) {
-                *j = (srv_tfs_job){.base.run = srv_tfs_job_run, .q = *q, .rt = *rt, .v = v, .in = in, .fmt = fmt};
+                *j = (srv_tfs_job){.base = {.run = srv_tfs_job_run, .start = srv_tfs_job_start}, .q = *q, .rt = *rt,
+                                   .v = v, .in = in, .fmt = fmt};
                 j->q.defer = NULL;
                 *q->defer = &j->base;
                 return;
             }
         }
     }
-    srv_tfs_finish(q, rt, v, &in, fmt, rc, &err, o);
+    srv_tfs_finish(q, rt, v, &in, NULL, fmt, rc, &err, o);
 }
 
 int srv_rest_tfs(const srv_rest_req *q, srv_reply *o) {

@@ -7,8 +7,11 @@
  * connection is suspended and the work goes to a worker pool that grows on demand (batching needs many
  * requests waiting at once); the worker fills the reply and resumes the connection, and MHD calls
  * srv_rest_access again to send it. What goes to the pool: a body over SRV_REST_INLINE_BODY (the whole
- * request), and inference the handler finds slow after decoding (srv_rest_quick: batching on, no timing yet,
- * or the version's measured per-row time x rows over SRV_REST_INLINE_US, or a slow run of it in progress).
+ * request), and inference the handler finds slow after decoding (srv_rest_quick: no timing yet, or the
+ * version's measured per-row time x rows over SRV_REST_INLINE_US, or a slow run of it in progress). With
+ * batching on, a decoded request goes straight to the version's batcher instead (srv_rest_job.start): the
+ * connection stays suspended and the batch worker encodes the reply and resumes it, so no thread blocks
+ * per request.
  * Per-request state lives in an srv_rest_conn hung on MHD's con_cls and freed in srv_rest_done, which MHD
  * calls exactly once per started request; inflight counts requests between the two.
  * Limits: a body larger than max_body_bytes is refused with 413 as soon as Content-Length says so (before
@@ -207,9 +210,17 @@ static void *srv_rest_worker(void *arg) {
     return NULL;
 }
 
+/* The reply is in cn->out: let MHD send it (it calls srv_rest_access again). Any thread. */
+static void srv_rest_complete(void *arg) {
+    srv_rest_conn *cn = arg;
+    cn->job = NULL;
+    cn->phase = SRV_RC_READY;
+    MHD_resume_connection(cn->c);
+}
+
 /* Hand cn to the pool; its connection is suspended first, so the worker's resume always comes after it.
  * 0, or -1 when no worker thread can run it (then the caller runs it itself). */
-static int srv_rest_defer(srv_rest *r, srv_rest_conn *cn) {
+static int srv_rest_defer(srv_rest *r, srv_rest_conn *cn, int suspended) {
     srv_rest_pool *p = &r->pool;
     pthread_mutex_lock(&p->mu);
     if (p->queued + 1 > p->nidle && p->nthreads < p->max && !p->stopping) {
@@ -226,7 +237,7 @@ static int srv_rest_defer(srv_rest *r, srv_rest_conn *cn) {
         return -1;
     }
     cn->phase = SRV_RC_QUEUED;
-    MHD_suspend_connection(cn->c);
+    if (!suspended) MHD_suspend_connection(cn->c);
     cn->next = NULL;
     if (p->tail) p->tail->next = cn;
     else p->head = cn;
@@ -297,13 +308,23 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
     cn->url = url;
     cn->method = method;
     cn->header_len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Inference-Header-Content-Length");
-    if (cn->len > SRV_REST_INLINE_BODY && srv_rest_defer(r, cn) == 0) return MHD_YES;
+    if (cn->len > SRV_REST_INLINE_BODY && srv_rest_defer(r, cn, 0) == 0) return MHD_YES;
     srv_reply o = {0};
     srv_rest_job *job = NULL;
     srv_rest_dispatch(r, cn, &job, &o);
+    if (job && job->start) { /* batched: the batch worker replies; no thread waits for the batch */
+        cn->job = job;
+        cn->phase = SRV_RC_QUEUED;
+        MHD_suspend_connection(c);
+        if (job->start(job, &cn->out, srv_rest_complete, cn)) return MHD_YES;
+        if (srv_rest_defer(r, cn, 1) == 0) return MHD_YES; /* not batched after all: a worker runs it */
+        job->run(job, &cn->out);
+        srv_rest_complete(cn);
+        return MHD_YES;
+    }
     if (job) {
         cn->job = job;
-        if (srv_rest_defer(r, cn) == 0) return MHD_YES;
+        if (srv_rest_defer(r, cn, 0) == 0) return MHD_YES;
         cn->job = NULL;
         job->run(job, &o);
     }
