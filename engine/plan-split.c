@@ -1,7 +1,7 @@
 /* plan-split.c - batch-parallel execution of a static plan (see plan.h).
  *
  * A batch of N rows runs as chunks of `rows` rows; each of T worker threads runs its own single-threaded plan
- * compiled for `rows` rows over chunks w, w+T, ...; a last, shorter chunk has its own plan. Between layers no
+ * compiled for `rows` rows, taking the next chunk whenever it is free; a last, shorter chunk has its own plan. Between layers no
  * thread waits on another, and a chunk's activations are sized to stay in the core's L2 cache, where the whole
  * batch on T threads streams every layer's activations through memory.
  *
@@ -21,6 +21,7 @@
  * Anything unexpected leaves the plan unsplit: splitting is an optimisation, never a behaviour change.
  */
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,9 @@
 
 #include "plan-impl.h"
 
+/* At least this many chunks per thread when the batch allows: threads take chunks as they come free, so a
+ * thread that is held up (a preempted vCPU) delays the batch by one small chunk, not by its whole share. */
+#define SPLIT_CHUNKS_PER_THREAD 4
 #define SPLIT_WEIGHT_LIMIT ((size_t)1 << 30) /* each worker packs its own weights: skip for models larger than this */
 
 struct plan_split {
@@ -475,7 +479,7 @@ void plan_split_try(eng_plan *p, const eng_tensor *inputs) {
     size_t need = 0;
     if (plan_arena_need(p, &need) != ENG_STATUS_OK) NO_SPLIT(eng_last_error());
     int64_t per_row = (int64_t)(need / (size_t)sp->N) + 1;
-    int64_t rows = (int64_t)split_cache_bytes() / per_row, maxrows = (sp->N + T - 1) / T;
+    int64_t rows = (int64_t)split_cache_bytes() / per_row, maxrows = (sp->N + SPLIT_CHUNKS_PER_THREAD * T - 1) / (SPLIT_CHUNKS_PER_THREAD * T);
     if (rows < 1) rows = 1;
     if (rows > maxrows) rows = maxrows;
     int64_t force = p->opts.split_rows;
@@ -526,13 +530,15 @@ eng_status plan_split_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *out
     char wmsg[64][256];
     if (T > 64) T = 64;
     for (int w = 0; w < T; w++) wst[w] = ENG_STATUS_OK;
+    atomic_llong next = 0; /* the next chunk to take */
 #pragma omp parallel num_threads(T)
     {
         int w = omp_get_thread_num(), nw = omp_get_num_threads();
         eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];
         eng_tensor *feed = g->ninputs <= ENG_OP_MAX_IO ? in : NULL, *res = g->noutputs <= ENG_OP_MAX_IO ? out : NULL;
         eng_status st = feed && res ? ENG_STATUS_OK : eng_err(ENG_STATUS_UNSUPPORTED, "too many graph inputs/outputs");
-        for (int64_t c = w; c < sp->nchunks && st == ENG_STATUS_OK; c += nw) {
+        (void)nw;
+        for (int64_t c; st == ENG_STATUS_OK && (c = atomic_fetch_add(&next, 1)) < sp->nchunks;) {
             int64_t r0 = c * sp->rows, nr = sp->N - r0 < sp->rows ? sp->N - r0 : sp->rows;
             eng_plan *q = nr == sp->rows ? sp->full[w] : sp->tail;
             for (int i = 0; i < g->ninputs; i++) {
