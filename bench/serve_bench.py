@@ -12,8 +12,9 @@ What it does (about 1-2 minutes; all on 127.0.0.1):
      connections: throughput, p50, p99 and the tensord/bare ratios;
   4. per-request overhead outside compute = tensord p50 at 1 connection - the tiny model's median compute
      time from `tensord bench` (in-process, same session thread count);
-  5. the CNN at 64 connections with and without --enable_batching (max_batch_size 64, batch_timeout_micros
-     2000, num_batch_threads 1) and the throughput gain.
+  5. the CNN at 64 connections with and without --enable_batching (max_batch_size 64; batch_timeout_micros
+     2000 with num_batch_threads 1, and 0 with num_batch_threads = cores, as TF Serving's guide suggests for
+     CPU serving) and the throughput gain.
 --save also writes bench/results/serving-cpu.md (CPU model, cores, date, git commit, tool versions).
 
 Both servers get the same HTTP thread count (--rest_api_num_threads; default 4 x cores, tensord's default) and
@@ -348,19 +349,26 @@ def main():
     if comp_ms is None:
         notes.append(f"compute time: {why}")
     print("bench: CNN at 64 connections, batching off / on ...", file=sys.stderr)
-    bfile = os.path.join(args.out, "batching.config")
-    with open(bfile, "w") as f:
-        f.write("max_batch_size { value: 64 }\nbatch_timeout_micros { value: 2000 }\n"
-                "max_enqueued_batches { value: 100 }\nnum_batch_threads { value: 1 }\n")
+    # TF Serving's batching guide: a timeout of a few ms for throughput; for CPU-only serving, start from
+    # batch_timeout_micros 0 with num_batch_threads = cores (batches then form from whatever is queued).
+    bcfgs = []
+    for timeout_us, bthreads in ((2000, 1), (0, os.cpu_count() or 1)):
+        bfile = os.path.join(args.out, f"batching-{timeout_us}-{bthreads}.config")
+        with open(bfile, "w") as f:
+            f.write(f"max_batch_size {{ value: 64 }}\nbatch_timeout_micros {{ value: {timeout_us} }}\n"
+                    f"max_enqueued_batches {{ value: 100 }}\nnum_batch_threads {{ value: {bthreads} }}\n")
+        bcfgs.append((f"timeout {timeout_us} µs, {bthreads} batch thread(s)", bfile))
     cnn_dir = os.path.join(args.out, "cnn")
     cnn_off = bench_server("tensord-cnn", tensord_argv(cnn_dir), ("GET", "/v2/health/ready"), cnn_body, [64], cnn, x_cnn)
     cnn_ms = {b: compute_ms(args.bin, cnn_path, bench_models.make_input((1, 28, 28), b), args.out, args.session_threads,
                             f"cnn{b}", 50)[0] for b in (1, 64)}
     cnn_on = []
-    for bst in [int(t) for t in str(args.batch_session_threads).split(",")]:
-        cnn_on.append((bst, bench_server(f"tensord-cnn-batching-t{bst}",
-                                         tensord_argv(cnn_dir, ["--enable_batching", f"--batching_parameters_file={bfile}"], bst),
-                                         ("GET", "/v2/health/ready"), cnn_body, [64], cnn, x_cnn)))
+    for k, (blabel, bfile) in enumerate(bcfgs):
+        for bst in [int(t) for t in str(args.batch_session_threads).split(",")]:
+            cnn_on.append((f"{blabel}, {bst} thread(s) per inference",
+                           bench_server(f"tensord-cnn-batching-{k}-t{bst}",
+                                        tensord_argv(cnn_dir, ["--enable_batching", f"--batching_parameters_file={bfile}"], bst),
+                                        ("GET", "/v2/health/ready"), cnn_body, [64], cnn, x_cnn)))
 
     # ---- report
     def g(res, c, k):
@@ -394,8 +402,7 @@ def main():
     lines += ["| seed CNN [N,1,28,28], 64 connections | req/s | p50 µs | p99 µs | failed | mean rows per batch |",
               "|---|---|---|---|---|---|"]
     rows = [(f"batching off ({args.session_threads} thread(s) per inference)", cnn_off)]
-    rows += [(f"--enable_batching (max 64, timeout 2000 µs, 1 batch thread, {bst} thread(s) per inference)", res)
-             for bst, res in cnn_on]
+    rows += [(f"--enable_batching (max 64, {label})", res) for label, res in cnn_on]
     for name, res in rows:
         mb = res.get("mean_batch")
         lines.append(f"| {name} | {fmt(g(res, 64, 'rps'))} | {fmt(g(res, 64, 'p50_us'))} | {fmt(g(res, 64, 'p99_us'))} | "
@@ -404,7 +411,7 @@ def main():
         lines += ["", f"CNN compute alone (`tensord bench`, {args.session_threads} thread): batch 1 {cnn_ms[1] * 1000:.0f} µs, "
                       f"batch 64 {cnn_ms[64] * 1000:.0f} µs = {cnn_ms[64] * 1000 / 64:.0f} µs per row: batching can gain "
                       f"at most {cnn_ms[1] * 64 / cnn_ms[64]:.2f}x per core from the kernels."]
-    gains = ", ".join(f"{ratio(r, off)}x with {bst} thread(s) per inference" for bst, r in ons)
+    gains = ", ".join(f"{ratio(r, off)}x with {label}" for label, r in ons)
     lines += ["", f"Throughput gain from batching (batched req/s / unbatched req/s): **{ratio(best, off)}x** at best "
                   f"({gains})", ""]
     for n in notes:
