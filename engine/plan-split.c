@@ -39,6 +39,7 @@ struct plan_split {
     int64_t N, rows, nchunks;
     eng_plan **full; /* per worker: plan for `rows` rows */
     eng_plan *tail;  /* plan for the last chunk when it is shorter, or NULL */
+    int owns;        /* 1: full/tail are ours to free; 0: they belong to opts.subplans */
     int64_t *in_m;   /* per graph input: rows per batch row (1), or 0: passed whole */
     int64_t *out_m;  /* per graph output: rows per batch row */
     eng_tensor *outs;/* per graph output: the full-batch result (eng_alloc'd) */
@@ -401,10 +402,44 @@ static int split_enabled(void) {
     return !(e && *e == '0');
 }
 
-/* Sub-plan for `rows` rows: the full plan's input shapes with axis 0 of batched inputs set to rows. */
-static eng_status split_plan_new(const eng_plan *p, const eng_tensor *inputs, const plan_split *sp, int64_t rows,
-                                 eng_plan **out) {
+#define SPLIT_CACHE_MAX 64
+
+struct eng_plan_cache {
+    struct {
+        const eng_graph *g;
+        eng_tensor *shapes; /* g->ninputs input shapes (data NULL) */
+        int slot;           /* worker index, or nworkers for a tail plan */
+        eng_plan *plan;
+    } e[SPLIT_CACHE_MAX];
+    int n;
+};
+
+eng_plan_cache *eng_plan_cache_new(void) { return calloc(1, sizeof(eng_plan_cache)); }
+
+void eng_plan_cache_free(eng_plan_cache **cp) {
+    if (!cp || !*cp) return;
+    for (int i = 0; i < (*cp)->n; i++) {
+        eng_plan_free(&(*cp)->e[i].plan);
+        free((*cp)->e[i].shapes);
+    }
+    free(*cp);
+    *cp = NULL;
+}
+
+int eng_plan_cache_size(const eng_plan_cache *c) { return c ? c->n : 0; }
+
+static int split_shapes_equal(const eng_tensor *a, const eng_tensor *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (a[i].dtype != b[i].dtype || (a[i].dtype != ENG_DTYPE_UNDEFINED && !eng_shape_equal(&a[i], &b[i]))) return 0;
+    return 1;
+}
+
+/* The sub-plan for `rows` rows (the full plan's input shapes with axis 0 of batched inputs set to rows) in
+ * slot `slot`: found in cache c, or compiled (and kept in c when there is one, else owned by the caller). */
+static eng_status split_plan_get(const eng_plan *p, const eng_tensor *inputs, const plan_split *sp, int64_t rows,
+                                 int slot, eng_plan_cache *c, eng_plan **out) {
     const eng_graph *g = p->g;
+    *out = NULL;
     eng_tensor *in = calloc((size_t)g->ninputs + 1, sizeof *in);
     if (!in) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
     for (int i = 0; i < g->ninputs; i++) {
@@ -412,18 +447,30 @@ static eng_status split_plan_new(const eng_plan *p, const eng_tensor *inputs, co
         in[i].data = NULL;
         if (sp->in_m[i]) in[i].dims[0] = rows;
     }
+    for (int i = 0; c && i < c->n; i++)
+        if (c->e[i].g == g && c->e[i].slot == slot && split_shapes_equal(c->e[i].shapes, in, g->ninputs)) {
+            free(in);
+            *out = c->e[i].plan;
+            return ENG_STATUS_OK;
+        }
     eng_plan_opts o = p->opts;
     o.nthreads = 1;
     o.no_split = 1;
+    o.subplans = NULL;
     eng_status st = eng_plan_new(g, &o, in, out);
+    if (st == ENG_STATUS_OK && c) { /* the caller checked there is room */
+        c->e[c->n].g = g, c->e[c->n].shapes = in, c->e[c->n].slot = slot, c->e[c->n].plan = *out;
+        c->n++;
+        return st;
+    }
     free(in);
     return st;
 }
 
 void plan_split_free(plan_split *sp) {
     if (!sp) return;
-    for (int w = 0; sp->full && w < sp->nworkers; w++) eng_plan_free(&sp->full[w]);
-    eng_plan_free(&sp->tail);
+    for (int w = 0; sp->owns && sp->full && w < sp->nworkers; w++) eng_plan_free(&sp->full[w]);
+    if (sp->owns) eng_plan_free(&sp->tail);
     free(sp->full);
     free(sp->in_m);
     free(sp->out_m);
@@ -495,13 +542,19 @@ void plan_split_try(eng_plan *p, const eng_tensor *inputs) {
     sp->rows = rows;
     sp->nchunks = (sp->N + rows - 1) / rows;
     int64_t last = sp->N - (sp->nchunks - 1) * rows;
-    for (int w = 0; w < T; w++) {
-        if (split_plan_new(p, inputs, sp, rows, &sp->full[w]) != ENG_STATUS_OK) NO_SPLIT(eng_last_error());
-        if (w == 0 && !split_verify(p, sp->full[0], a.m, rows)) NO_SPLIT("the sub-plan differs from the analysis");
+    /* Sub-plans come from the shared cache when it has room for all of them, else this plan owns them all. */
+    eng_plan_cache *cache = p->opts.subplans;
+    if (cache && cache->n + T + 1 > SPLIT_CACHE_MAX) cache = NULL;
+    sp->owns = !cache;
+    for (int w = 0; w <= T; w++) {
+        int64_t r = w < T ? rows : last;
+        if (w == T && last == rows) break;
+        eng_plan *q = NULL;
+        if (split_plan_get(p, inputs, sp, r, w, cache, &q) != ENG_STATUS_OK) NO_SPLIT(eng_last_error());
+        if (w < T) sp->full[w] = q;
+        else sp->tail = q;
+        if ((w == 0 || w == T) && !split_verify(p, q, a.m, r)) NO_SPLIT("the sub-plan differs from the analysis");
     }
-    if (last != rows &&
-        (split_plan_new(p, inputs, sp, last, &sp->tail) != ENG_STATUS_OK || !split_verify(p, sp->tail, a.m, last)))
-        NO_SPLIT("the tail plan failed or differs");
     for (int i = 0; i < g->noutputs; i++) {
         eng_tensor *o = &sp->outs[i];
         *o = p->vals[g->outputs[i]];

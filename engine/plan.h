@@ -29,12 +29,22 @@ typedef enum eng_precision {
     ENG_PRECISION_INT8 = 3,
 } eng_precision;
 
+/* Sub-plans of batch-parallel plans (below), shared by every plan built with the same cache: the chunk plan
+ * for R rows serves every batch size that splits into R-row chunks, so the batch sizes 1..64 a dynamic batcher
+ * produces compile a few sub-plans instead of one whole plan each. Not thread-safe: plans that share a cache
+ * must run one at a time (an eng_session serialises its runs). Free it after every plan that used it. */
+typedef struct eng_plan_cache eng_plan_cache;
+eng_plan_cache *eng_plan_cache_new(void);
+void eng_plan_cache_free(eng_plan_cache **c);
+int eng_plan_cache_size(const eng_plan_cache *c); /* sub-plans held */
+
 typedef struct eng_plan_opts {
     const krn_backend *backend; /* NULL: CPU */
     int nthreads;               /* <= 0: all cores */
     eng_precision precision;
     int no_split;               /* 1: never run as parallel sub-batches (see below) */
     int split_rows;             /* > 0: rows per sub-batch when the plan can split (tests); 0: chosen by cache size */
+    eng_plan_cache *subplans;   /* NULL: a batch-parallel plan owns its sub-plans */
 } eng_plan_opts;
 
 typedef struct eng_plan eng_plan;

@@ -26,6 +26,7 @@ struct eng_session {
     uint64_t tick;
     eng_plan *last;
     eng_tensor *feed; /* g->ninputs */
+    eng_plan_cache *subplans; /* chunk plans shared by this session's batch-parallel plans */
 };
 
 eng_status eng_session_new_file(const char *path, const eng_session_opts *opts, eng_session **out) {
@@ -56,7 +57,8 @@ eng_status eng_session_new_graph(eng_graph *g, const eng_session_opts *opts, eng
     pthread_mutex_init(&s->mu, NULL);
     s->plans = calloc((size_t)s->opts.max_plans, sizeof *s->plans);
     s->feed = calloc((size_t)g->ninputs + 1, sizeof *s->feed);
-    if (!s->plans || !s->feed) {
+    s->subplans = eng_plan_cache_new();
+    if (!s->plans || !s->feed || !s->subplans) {
         eng_session_free(&s);
         return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
     }
@@ -137,7 +139,7 @@ static eng_status find_plan(eng_session *s, eng_plan **out) {
             *out = s->plans[i].plan;
             return ENG_STATUS_OK;
         }
-    eng_plan_opts po = {.nthreads = s->opts.nthreads, .precision = s->opts.precision};
+    eng_plan_opts po = {.nthreads = s->opts.nthreads, .precision = s->opts.precision, .subplans = s->subplans};
     eng_plan *p = NULL;
     ENG_TRY(eng_plan_new(g, &po, s->feed, &p));
     eng_tensor *shapes = calloc((size_t)g->ninputs + 1, sizeof *shapes);
@@ -211,6 +213,7 @@ void eng_session_free(eng_session **sp) {
         free(s->plans[i].shapes);
     }
     free(s->plans);
+    eng_plan_cache_free(&s->subplans);
     free(s->feed);
     eng_graph_free(&s->g);
     pthread_mutex_destroy(&s->mu);

@@ -547,3 +547,68 @@ Test(nn, fusion_keeps_graph_outputs) {
     eng_graph_free(&g);
     eng_free(w);
 }
+
+/* ---- batch-parallel plans (engine/plan-split.c) ---- */
+
+/* Conv 3->8 (3x3, pad 1) + Relu + GlobalAveragePool on x [N,3,6,6] with a symbolic N. */
+static eng_graph *split_graph(void) {
+    eng_graph *g = eng_graph_new();
+    g->opset = 17;
+    int64_t xd[4] = {-1, 3, 6, 6}, wd[4] = {8, 3, 3, 3};
+    float *w = rand_buf(8 * 27);
+    int x = tensor_val(g, "x", 4, xd, NULL, 0);
+    int ins[2] = {x, tensor_val(g, "w", 4, wd, w, 1)};
+    int c = val(g, "c", 0, NULL), r = val(g, "r", 0, NULL), y = val(g, "y", 0, NULL);
+    int nd = eng_graph_add_node(g, "conv", "Conv", "", ins, 2, &c, 1);
+    int64_t pads[4] = {1, 1, 1, 1};
+    attr_ints(g, nd, "pads", pads, 4);
+    eng_graph_add_node(g, "relu", "Relu", "", &c, 1, &r, 1);
+    eng_graph_add_node(g, "gap", "GlobalAveragePool", "", &r, 1, &y, 1);
+    add_io(&g->outputs, &g->noutputs, y);
+    eng_free(w);
+    return g;
+}
+
+static void split_run(eng_graph *g, const eng_plan_opts *o, const float *x, int64_t n, float *y, eng_plan_stats *st) {
+    eng_tensor in = {ENG_DTYPE_F32, 4, {n, 3, 6, 6}, (void *)x}, out;
+    eng_plan *p = NULL;
+    cr_assert_eq(eng_plan_new(g, o, &in, &p), ENG_STATUS_OK, "plan: %s", eng_last_error());
+    cr_assert_eq(eng_plan_run(p, &in, &out), ENG_STATUS_OK, "run: %s", eng_last_error());
+    cr_assert_eq(eng_tensor_numel(&out), n * 8);
+    memcpy(y, out.data, (size_t)(n * 8) * sizeof(float));
+    eng_plan_get_stats(p, st);
+    eng_plan_free(&p);
+}
+
+/* Batch sizes 4, 5, 6, 8 in chunks of 2 on 2 threads share one cache: two chunk plans (one per thread) and one
+ * tail plan (for 5) serve them all, and every answer equals the single-threaded whole plan's. */
+Test(nn, batch_split_shares_sub_plans_across_batch_sizes) {
+    eng_graph *g = split_graph();
+    eng_plan_cache *cache = eng_plan_cache_new();
+    float *x = rand_buf(8 * 3 * 36), want[64], got[64];
+    int64_t sizes[] = {4, 5, 6, 8, 4};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        int64_t n = sizes[k];
+        eng_plan_stats st;
+        eng_plan_opts whole = {.nthreads = 1};
+        split_run(g, &whole, x, n, want, &st);
+        cr_assert_eq(st.split_workers, 0);
+        eng_plan_opts split = {.nthreads = 2, .split_rows = 2, .subplans = cache};
+        split_run(g, &split, x, n, got, &st);
+        cr_assert_eq(st.split_workers, 2, "batch %lld did not split", (long long)n);
+        cr_assert_eq(st.split_rows, 2);
+        for (int64_t i = 0; i < n * 8; i++)
+            cr_assert(fabsf(got[i] - want[i]) <= 1e-5f * (1 + fabsf(want[i])), "batch %lld element %lld: %g vs %g",
+                      (long long)n, (long long)i, got[i], want[i]);
+    }
+    cr_expect_eq(eng_plan_cache_size(cache), 3, "sub-plans compiled: %d", eng_plan_cache_size(cache));
+    /* without a cache each plan owns its sub-plans */
+    eng_plan_opts own = {.nthreads = 2, .split_rows = 3};
+    eng_plan_stats st;
+    split_run(g, &own, x, 7, got, &st);
+    cr_expect_eq(st.split_rows, 3);
+    cr_expect_eq(eng_plan_cache_size(cache), 3);
+    eng_plan_cache_free(&cache);
+    eng_graph_free(&g);
+    eng_free(x);
+}
