@@ -103,10 +103,16 @@ test: all test-unit test-conformance test-py test-san test-fuzz
 test-unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t --jobs 2; done
 
+# Then again with every provably row-independent plan split into one-row chunks on 2 threads: the batch-split
+# analysis (engine/plan-split.c) must never change an answer on the ONNX test models.
 test-conformance: $(BUILD)/tensord
 	@set -e; for s in node pytorch-converted pytorch-operator simple; do \
 	  echo "== conformance $$s"; \
 	  $(BUILD)/tensord conformance $(CONF)/$$s --expect tests/conformance/expected-$$s.txt; \
+	done
+	@set -e; for s in node pytorch-converted pytorch-operator simple; do \
+	  echo "== conformance $$s, batches split into one-row chunks"; \
+	  TENSORD_SPLIT_ROWS=1 $(BUILD)/tensord conformance $(CONF)/$$s --threads 2 --expect tests/conformance/expected-$$s.txt; \
 	done
 
 # The unit tests and the whole conformance run again under AddressSanitizer + UBSan (each test isolated in a

@@ -500,15 +500,23 @@ void plan_split_try(eng_plan *p, const eng_tensor *inputs) {
     sp->full = calloc((size_t)T, sizeof *sp->full);
     sp->outs = calloc((size_t)g->noutputs + 1, sizeof *sp->outs);
     if (!sp->in_m || !sp->out_m || !sp->full || !sp->outs) NO_SPLIT("out of memory");
-    /* the batch: axis 0 of every fed input whose declared first dim is not fixed */
+    /* The batch N: axis 0 of the first fed input whose declared first dim is symbolic, else of the first fed
+     * input with a first dim of at least 2 (models exported with a fixed batch). Every fed input with N rows at
+     * axis 0 is split with it, the others go whole to every chunk: the analysis proves row independence for
+     * whatever is split, whatever the inputs mean. */
+    for (int pass = 0; pass < 2 && !sp->N; pass++)
+        for (int i = 0; i < g->ninputs && !sp->N; i++) {
+            int v = g->inputs[i];
+            const eng_value *dv = &g->values[v];
+            const eng_tensor *t = &p->vals[v];
+            if (p->kind[v] != VAL_INPUT || t->ndim < 1) continue;
+            int symbolic = dv->ndim < 1 || dv->dims[0] < 0;
+            if (pass == 0 ? symbolic : t->dims[0] >= 2) sp->N = t->dims[0];
+        }
     for (int i = 0; i < g->ninputs; i++) {
         int v = g->inputs[i];
-        const eng_value *dv = &g->values[v];
-        if (p->kind[v] != VAL_INPUT || (dv->ndim >= 1 && dv->dims[0] >= 0)) continue;
         const eng_tensor *t = &p->vals[v];
-        if (t->ndim < 1) NO_SPLIT("a batched input is a scalar");
-        if (!sp->N) sp->N = t->dims[0];
-        if (t->dims[0] != sp->N) NO_SPLIT("batched inputs differ in rows");
+        if (p->kind[v] != VAL_INPUT || t->ndim < 1 || t->dims[0] != sp->N) continue;
         sp->in_m[i] = 1;
         a.m[v] = 1;
     }

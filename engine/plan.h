@@ -6,7 +6,8 @@
  * reuse. Running it only executes kernels. When some output shape depends on a runtime value (a Reshape whose
  * shape is a graph input, NonZero, ...) the plan is "dynamic": it re-infers shapes and allocates per run.
  *
- * Batch-parallel execution: with nthreads > 1 and a batch of N > 1, a static plan whose every node keeps the
+ * Batch-parallel execution: with nthreads > 1 and a batch of N > 1 (axis 0 of the first input whose first dim
+ * is symbolic, else of the first input with a first dim >= 2), a static plan whose every node keeps the
  * rows of its batch dimension independent (convolutions, pooling, per-row matmuls, eltwise, softmax over other
  * axes ...; proven op by op, see plan-split.c) is run as sub-batches: each thread runs its own single-threaded
  * sub-plan over its share of the rows, sized so one sub-batch's activations stay in the core's L2 cache.
