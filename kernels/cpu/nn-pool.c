@@ -157,6 +157,36 @@ static inline int64_t pool_blk_off(int64_t n, int64_t ch, int64_t h, int64_t w, 
     return ((n * H + h) * W + w) * C + ch;
 }
 
+/* Transpose a 16x16 float block in registers: r[i] element j becomes r[j] element i. Interleave 32-bit then
+ * 64-bit elements within 128-bit lanes, then gather 128-bit lanes twice. */
+static inline void krn_transpose16(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + k], lane L: column 4L + k of rows i..i+3 */
+        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
+        t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
+        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
+    }
+}
+
 void krn_cpu_maxpool2d_blocked16(const float *X, float *Y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH,
                                  int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int nthreads) {
     int64_t CB = C / 16;
@@ -165,21 +195,23 @@ void krn_cpu_maxpool2d_blocked16(const float *X, float *Y, int64_t N, int64_t C,
         const float *xb = X + nb * H * W * 16;
         int64_t n = nb / CB, cb = nb % CB;
         float *yb = Y + (n * C + cb * 16) * OH * OW;
-        float rowbuf[16 * 64]; /* one output row for 16 channels, [ow][16], then written out as 16 plain rows */
         for (int64_t oh = 0; oh < OH; oh++)
-            for (int64_t ow0 = 0; ow0 < OW; ow0 += 64) {
-                int64_t cnt = OW - ow0 < 64 ? OW - ow0 : 64;
+            for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) { /* 16 outputs x 16 channels, transposed to 16 rows */
+                int64_t cnt = OW - ow0 < 16 ? OW - ow0 : 16;
+                __m512 v[16];
                 for (int64_t o = 0; o < cnt; o++) {
                     const float *w0 = xb + (oh * SH * W + (ow0 + o) * SW) * 16;
                     __m512 acc = _mm512_loadu_ps(w0);
                     for (int64_t kh = 0; kh < KH; kh++)
-                        for (int64_t kw = 0; kw < KW; kw++) acc = _mm512_max_ps(acc, _mm512_loadu_ps(w0 + (kh * W + kw) * 16));
-                    _mm512_storeu_ps(rowbuf + o * 16, acc);
+                        for (int64_t kw = kh ? 0 : 1; kw < KW; kw++)
+                            acc = _mm512_max_ps(acc, _mm512_loadu_ps(w0 + (kh * W + kw) * 16));
+                    v[o] = acc;
                 }
-                for (int j = 0; j < 16; j++) {
-                    float *yr = yb + j * OH * OW + oh * OW + ow0;
-                    for (int64_t o = 0; o < cnt; o++) yr[o] = rowbuf[o * 16 + j];
-                }
+                for (int64_t o = cnt; o < 16; o++) v[o] = _mm512_setzero_ps();
+                krn_transpose16(v);
+                __mmask16 m = (__mmask16)((1u << cnt) - 1);
+                float *yr = yb + oh * OW + ow0;
+                for (int j = 0; j < 16; j++) _mm512_mask_storeu_ps(yr + j * OH * OW, m, v[j]);
             }
     }
 }

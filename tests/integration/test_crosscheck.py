@@ -208,6 +208,17 @@ def _pool_case(op, hw=(9, 10), c=3, **attrs):
     return m, {"x": randn((2, c, hw[0], hw[1]), 13)}
 
 
+def _conv_pool_case(hw, pool_k, pool_s, c_out=32):
+    """Conv + Relu + MaxPool: fused into one blocked-layout kernel that pools 16 channels x 16 columns at a time
+    and transposes them to NCHW (widths here are not multiples of 16)."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=list(pool_k), strides=list(pool_s))]
+    m = make(nodes, [("x", F, ["N", 3, hw[0], hw[1]])], [("y", F, ["N", c_out, "h", "w"])],
+             [("w", randn((c_out, 3, 3, 3), 40, 0.3)), ("b", randn((c_out,), 41))])
+    return m, {"x": randn((3, 3, hw[0], hw[1]), 42)}
+
+
 def case_matmul_gemm():
     nodes = [helper.make_node("MatMul", ["a", "b"], ["mm"]),                                       # [2,5,3,6]
              helper.make_node("Gemm", ["p", "q", "r"], ["gm"], transA=1, transB=1, alpha=0.5, beta=2.0),
@@ -259,6 +270,8 @@ GRAPHS = {
     "conv-dilated": lambda: _conv_case(3, 4, (12, 12), (3, 3), dilations=(2, 2), pads=(2, 2, 2, 2)),
     "conv-1x1": lambda: _conv_case(16, 8, (5, 5), (1, 1), n=3),
     "conv-same-upper": lambda: _conv_case(3, 4, (7, 8), (4, 4), strides=(2, 2), auto_pad="SAME_UPPER"),
+    "conv-relu-maxpool-38-wide": lambda: _conv_pool_case((10, 38), (2, 2), (2, 2)),
+    "conv-relu-maxpool-3x3-stride1": lambda: _conv_pool_case((7, 35), (3, 3), (1, 1), c_out=48),
     "maxpool-2x2": lambda: _pool_case("MaxPool", kernel_shape=[2, 2], strides=[2, 2]),
     "maxpool-3x3-pad-stride": lambda: _pool_case("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
     "maxpool-ceil": lambda: _pool_case("MaxPool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
