@@ -530,19 +530,17 @@ static const char *srv_digits(const char *p, const char *end, uint64_t *m, int *
     return p;
 }
 
-/* One number in strict JSON syntax at *p: the double strtod gives for it (correctly rounded). 0 if the text
- * is not such a number (or is longer than 63 bytes). Digits are read eight at a time. A mantissa below 2^53
- * with a decimal exponent within +-22 is one correctly rounded double multiplication or division of exact
- * operands (Clinger's fast path). Up to 19 significant digits and an exponent within +-27 are converted with
- * one x87 extended-precision operation, then rounded to double; a result within one extended ulp of a double
- * rounding boundary, and anything else, goes to strtod. */
-static int srv_json_fast_num(const char **pp, const char *end, double *out) {
-    static const double d10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
-                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
-    static const long double p10[] = {1e0L, 1e1L, 1e2L, 1e3L, 1e4L, 1e5L, 1e6L, 1e7L, 1e8L, 1e9L,
-                                      1e10L, 1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L,
-                                      1e20L, 1e21L, 1e22L, 1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
-    const char *p = *pp, *start = p;
+/* A JSON number read but not yet converted: value = (-1)^neg * m * 10^e10, exactly unless `inexact` (nonzero
+ * digits past the 19th were dropped). [start, end) is its text. */
+typedef struct srv_jnum {
+    uint64_t m;
+    int e10, inexact, neg;
+    const char *start, *end;
+} srv_jnum;
+
+/* Scan one number in strict JSON syntax at p; 0 if the text is not one (or is longer than 63 bytes, as cJSON). */
+static int srv_json_scan_num(const char *p, const char *end, srv_jnum *n) {
+    const char *start = p;
     int neg = 0, sd = 0, scale = 0, inexact = 0, ex = 0, exneg = 0, nex = 0;
     uint64_t m = 0;
     if (p < end && *p == '-') neg = 1, p++;
@@ -567,31 +565,65 @@ static int srv_json_fast_num(const char **pp, const char *end, double *out) {
         if (!nex) return 0;
     }
     if (p - start > 63) return 0; /* cJSON reads at most 63 characters of a number */
-    int e10 = (exneg ? -ex : ex) + scale;
-    double d = 0;
-    int done = 0;
-    if (m == 0) {
-        d = 0, done = 1;
-    } else if (!inexact && m < (1ull << 53) && e10 >= -22 && e10 <= 22) {
-        d = e10 >= 0 ? (double)m * d10[e10] : (double)m / d10[-e10];
-        done = 1;
-    } else if (!inexact && e10 >= -27 && e10 <= 27) {
+    *n = (srv_jnum){.m = m, .e10 = (exneg ? -ex : ex) + scale, .inexact = inexact, .neg = neg, .start = start, .end = p};
+    return 1;
+}
+
+static const double srv_d10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The double strtod gives for n (correctly rounded). A mantissa below 2^53 with a decimal exponent within +-22
+ * is one correctly rounded double multiplication or division of exact operands (Clinger's fast path). Up to
+ * 19 significant digits and an exponent within +-27 are converted with one x87 extended-precision operation,
+ * then rounded to double; a result within one extended ulp of a double rounding boundary, and anything else,
+ * goes to strtod. */
+static double srv_jnum_double(const srv_jnum *n) {
+    static const long double p10[] = {1e0L, 1e1L, 1e2L, 1e3L, 1e4L, 1e5L, 1e6L, 1e7L, 1e8L, 1e9L,
+                                      1e10L, 1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L,
+                                      1e20L, 1e21L, 1e22L, 1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
+    uint64_t m = n->m;
+    int e10 = n->e10;
+    double d;
+    if (m == 0) return n->neg ? -0.0 : 0.0;
+    if (!n->inexact && m < (1ull << 53) && e10 >= -22 && e10 <= 22) {
+        d = e10 >= 0 ? (double)m * srv_d10[e10] : (double)m / srv_d10[-e10];
+        return n->neg ? -d : d;
+    }
+    if (!n->inexact && e10 >= -27 && e10 <= 27) {
         long double r = e10 >= 0 ? (long double)m * p10[e10] : (long double)m / p10[-e10];
         union { long double ld; struct { uint64_t mant; uint16_t se; } b; } u;
         memset(&u, 0, sizeof u);
         u.ld = r;
         unsigned low = (unsigned)(u.b.mant & 0x7ff); /* the 11 bits a double drops; 0x400: a midpoint */
-        if (low < 0x3ff || low > 0x401) d = (double)r, done = 1;
+        if (low < 0x3ff || low > 0x401) {
+            d = (double)r;
+            return n->neg ? -d : d;
+        }
     }
-    if (!done) {
-        char tmp[72];
-        memcpy(tmp, start, (size_t)(p - start));
-        tmp[p - start] = '\0';
-        d = strtod(tmp, NULL);
-        neg = 0;
+    char tmp[72];
+    memcpy(tmp, n->start, (size_t)(n->end - n->start));
+    tmp[n->end - n->start] = '\0';
+    return strtod(tmp, NULL); /* sign included */
+}
+
+/* (float) of the double strtod gives for n, without computing that double exactly: (double)m and one division
+ * or multiplication by an exact power of ten are within 2 double ulps of it, so their float rounding is the
+ * same unless the double lies within a few ulps of a point halfway between two floats (the 29 bits a float
+ * drops near 0x10000000). 0 then, or outside the normal float range: the caller converts the slow way. */
+static int srv_jnum_f32(const srv_jnum *n, float *out) {
+    if (n->m == 0) {
+        *out = n->neg ? -0.0f : 0.0f;
+        return 1;
     }
-    *out = neg ? -d : d;
-    *pp = p;
+    if (n->inexact || n->e10 < -22 || n->e10 > 22) return 0;
+    double d = n->e10 >= 0 ? (double)n->m * srv_d10[n->e10] : (double)n->m / srv_d10[-n->e10];
+    if (!(d >= 0x1p-126 && d < 0x1p127)) return 0; /* normal floats only, far from overflow */
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    int64_t low = (int64_t)(bits & 0x1fffffff) - 0x10000000;
+    if (low >= -8 && low <= 8) return 0;
+    float f = (float)d;
+    *out = n->neg ? -f : f;
     return 1;
 }
 
@@ -655,8 +687,9 @@ int srv_json_fast_array(const char **pp, const char *end, eng_dtype dt, int max_
             if (p >= end || *p == ']') goto fail; /* empty list: the general path decides */
             continue;
         }
-        double d;
-        if (depth == 0 || !srv_json_fast_num(&p, end, &d)) goto fail;
+        srv_jnum num;
+        if (depth == 0 || !srv_json_scan_num(p, end, &num)) goto fail;
+        p = num.end;
         if (leaf < 0) leaf = depth;
         else if (depth != leaf) goto fail;
         if (n == cap) {
@@ -666,7 +699,9 @@ int srv_json_fast_array(const char **pp, const char *end, eng_dtype dt, int max_
             buf = nb;
             cap = nc;
         }
-        if (!srv_json_fast_store(d, dt, buf, n)) goto fail;
+        float f;
+        if (dt == ENG_DTYPE_F32 && srv_jnum_f32(&num, &f)) ((float *)buf)[n] = f;
+        else if (!srv_json_fast_store(srv_jnum_double(&num), dt, buf, n)) goto fail;
         n++;
         /* after a value: ',' or ']' (closing lists) */
         for (;;) {

@@ -135,12 +135,27 @@ Test(json, floats_round_trip) {
     free(s);
 }
 
-/* srv_json_fast_num must give exactly strtod's double for every JSON number: random digit strings of 1-25
- * significant digits with leading zeros, fractions and exponents, covering the eight-at-a-time digit reader,
- * Clinger's fast path, the x87 path and the strtod fallback. */
-Test(json, fast_num_matches_strtod) {
+/* The number reader must give exactly strtod's double for every JSON number, and its float32 path exactly
+ * (float)strtod when it answers: random digit strings of 1-25 significant digits with leading zeros, fractions
+ * and exponents (the eight-at-a-time digit reader, Clinger's fast path, the x87 path, the strtod fallback), and
+ * 17-digit prints of doubles right at and next to points halfway between two floats. */
+static void num_check(const char *s, size_t k, int *f32_answered) {
+    srv_jnum n;
+    cr_assert(srv_json_scan_num(s, s + k, &n), "rejected %s", s);
+    cr_assert_eq(n.end, s + k, "stopped early in %s", s);
+    double got = srv_jnum_double(&n), want = strtod(s, NULL);
+    cr_assert(memcmp(&got, &want, sizeof got) == 0, "%s: got %.17g, strtod %.17g", s, got, want);
+    float f, wf = (float)want;
+    if (srv_jnum_f32(&n, &f)) {
+        (*f32_answered)++;
+        cr_assert(memcmp(&f, &wf, sizeof f) == 0, "%s: float path %.9g, (float)strtod %.9g", s, f, wf);
+    }
+}
+
+Test(json, number_reader_matches_strtod) {
     unsigned st = 99;
     char s[80];
+    int answered = 0;
     for (int it = 0; it < 200000; it++) {
         int k = 0;
         st = st * 1103515245u + 12345u;
@@ -162,18 +177,29 @@ Test(json, fast_num_matches_strtod) {
         st = st * 1103515245u + 12345u;
         if ((st >> 20) % 3 == 0) k += sprintf(s + k, "e%d", (int)((st >> 8) % 80) - 40);
         s[k] = '\0';
-        const char *p = s;
-        double got = -1, want = strtod(s, NULL);
-        cr_assert(srv_json_fast_num(&p, s + k, &got), "rejected %s", s);
-        cr_assert_eq(p, s + k, "stopped early in %s", s);
-        cr_assert(memcmp(&got, &want, sizeof got) == 0, "%s: got %.17g, strtod %.17g", s, got, want);
+        num_check(s, (size_t)k, &answered);
+    }
+    cr_expect_gt(answered, 100000, "float path answered only %d of 200000", answered);
+    /* doubles at float midpoints (and 1-3 double ulps either side), printed with 17 and 18 digits */
+    for (int it = 0; it < 20000; it++) {
+        st = st * 1103515245u + 12345u;
+        float f = (float)((st >> 8) & 0xffff) / 4096.0f + (float)(st >> 24) * 1e-3f;
+        double mid = ((double)f + (double)nextafterf(f, INFINITY)) / 2;
+        for (int d = -3; d <= 3; d++) {
+            uint64_t b;
+            memcpy(&b, &mid, sizeof b);
+            b += (uint64_t)(int64_t)d;
+            double v;
+            memcpy(&v, &b, sizeof v);
+            int k = snprintf(s, sizeof s, (it & 1) ? "%.16e" : "%.17g", v);
+            num_check(s, (size_t)k, &answered);
+        }
     }
     const char *bad[] = {"-", ".5", "1.", "01", "1e", "1e+", "+1", "--1", "1.e5"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        const char *p = bad[i];
-        double d;
-        int ok = srv_json_fast_num(&p, bad[i] + strlen(bad[i]), &d);
-        cr_expect(!ok || p != bad[i] + strlen(bad[i]), "accepted %s whole", bad[i]);
+        srv_jnum n;
+        int ok = srv_json_scan_num(bad[i], bad[i] + strlen(bad[i]), &n);
+        cr_expect(!ok || n.end != bad[i] + strlen(bad[i]), "accepted %s whole", bad[i]);
     }
 }
 
