@@ -428,12 +428,6 @@ void eng_plan_cache_free(eng_plan_cache **cp) {
 
 int eng_plan_cache_size(const eng_plan_cache *c) { return c ? c->n : 0; }
 
-static int split_shapes_equal(const eng_tensor *a, const eng_tensor *b, int n) {
-    for (int i = 0; i < n; i++)
-        if (a[i].dtype != b[i].dtype || (a[i].dtype != ENG_DTYPE_UNDEFINED && !eng_shape_equal(&a[i], &b[i]))) return 0;
-    return 1;
-}
-
 /* The sub-plan for `rows` rows (the full plan's input shapes with axis 0 of batched inputs set to rows) in
  * slot `slot`: found in cache c, or compiled (and kept in c when there is one, else owned by the caller). */
 static eng_status split_plan_get(const eng_plan *p, const eng_tensor *inputs, const plan_split *sp, int64_t rows,
@@ -448,7 +442,7 @@ static eng_status split_plan_get(const eng_plan *p, const eng_tensor *inputs, co
         if (sp->in_m[i]) in[i].dims[0] = rows;
     }
     for (int i = 0; c && i < c->n; i++)
-        if (c->e[i].g == g && c->e[i].slot == slot && split_shapes_equal(c->e[i].shapes, in, g->ninputs)) {
+        if (c->e[i].g == g && c->e[i].slot == slot && eng_shapes_equal_n(c->e[i].shapes, in, g->ninputs)) {
             free(in);
             *out = c->e[i].plan;
             return ENG_STATUS_OK;
@@ -594,11 +588,10 @@ eng_status plan_split_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *out
     atomic_llong next = 0; /* the next chunk to take */
 #pragma omp parallel num_threads(T)
     {
-        int w = omp_get_thread_num(), nw = omp_get_num_threads();
+        int w = omp_get_thread_num();
         eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];
         eng_tensor *feed = g->ninputs <= ENG_OP_MAX_IO ? in : NULL, *res = g->noutputs <= ENG_OP_MAX_IO ? out : NULL;
         eng_status st = feed && res ? ENG_STATUS_OK : eng_err(ENG_STATUS_UNSUPPORTED, "too many graph inputs/outputs");
-        (void)nw;
         for (int64_t c; st == ENG_STATUS_OK && (c = atomic_fetch_add(&next, 1)) < sp->nchunks;) {
             int64_t r0 = c * sp->rows, nr = sp->N - r0 < sp->rows ? sp->N - r0 : sp->rows;
             eng_plan *q = nr == sp->rows ? sp->full[w] : sp->tail;

@@ -159,12 +159,13 @@ static eng_status plan_layout(eng_plan *p, int alloc) {
     }
     for (int i = 0; i < g->noutputs; i++) last[p->root[g->outputs[i]]] = p->nsteps;
     int nb = 0;
+    size_t naive = 0;
     for (int v = 0; v < nv; v++) {
         if (p->kind[v] != VAL_ARENA || p->root[v] != v) continue;
         size_t sz = (eng_tensor_nbytes(&p->vals[v]) + 63) & ~(size_t)63;
         if (sz == 0) sz = 64;
         bufs[nb++] = (plan_buf){v, sz, 0, first[v] < 0 ? 0 : first[v], last[v] < 0 ? p->nsteps : last[v]};
-        p->naive_bytes += sz;
+        naive += sz;
     }
     qsort(bufs, (size_t)nb, sizeof *bufs, buf_cmp);
     size_t total = 0;
@@ -187,8 +188,8 @@ static eng_status plan_layout(eng_plan *p, int alloc) {
     }
     eng_status st = ENG_STATUS_OK;
     p->arena_bytes = total;
+    p->naive_bytes = naive;
     if (!alloc) {
-        p->naive_bytes = 0;
         free(first); free(last); free(bufs);
         return st;
     }

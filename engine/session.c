@@ -123,18 +123,10 @@ static eng_status validate(const eng_graph *g, int idx, const eng_tensor *t) {
     return ENG_STATUS_OK;
 }
 
-static int shapes_match(const eng_graph *g, const eng_tensor *a, const eng_tensor *b) {
-    for (int i = 0; i < g->ninputs; i++) {
-        if (a[i].dtype != b[i].dtype) return 0;
-        if (a[i].dtype != ENG_DTYPE_UNDEFINED && !eng_shape_equal(&a[i], &b[i])) return 0;
-    }
-    return 1;
-}
-
 static eng_status find_plan(eng_session *s, eng_plan **out) {
     const eng_graph *g = s->g;
     for (int i = 0; i < s->nplans; i++)
-        if (shapes_match(g, s->plans[i].shapes, s->feed)) {
+        if (eng_shapes_equal_n(s->plans[i].shapes, s->feed, g->ninputs)) {
             s->plans[i].last_used = ++s->tick;
             *out = s->plans[i].plan;
             return ENG_STATUS_OK;

@@ -125,6 +125,12 @@ int eng_shape_equal(const eng_tensor *a, const eng_tensor *b) {
     return 1;
 }
 
+int eng_shapes_equal_n(const eng_tensor *a, const eng_tensor *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (a[i].dtype != b[i].dtype || (a[i].dtype != ENG_DTYPE_UNDEFINED && !eng_shape_equal(&a[i], &b[i]))) return 0;
+    return 1;
+}
+
 float eng_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0) {

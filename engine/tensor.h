@@ -61,6 +61,8 @@ size_t eng_tensor_nbytes(const eng_tensor *t); /* unchecked: only for shapes alr
 /* "[2,3,4]" into buf; returns buf. */
 char *eng_shape_str(const int64_t *dims, int ndim, char *buf, size_t n);
 int eng_shape_equal(const eng_tensor *a, const eng_tensor *b);
+/* n tensors pairwise: same dtype, and the same shape unless the dtype is UNDEFINED (an input not fed). */
+int eng_shapes_equal_n(const eng_tensor *a, const eng_tensor *b, int n);
 
 /* Numeric conversions used across kernels. */
 float eng_f16_to_f32(uint16_t h);

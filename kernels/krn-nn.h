@@ -112,11 +112,12 @@ eng_status krn_dnnl_stream(dnnl_stream_t *out);
 void krn_dnnl_set_threads(int n);
 /* Append act as oneDNN eltwise post-op(s) (hard-sigmoid takes two). */
 eng_status krn_dnnl_append_act(dnnl_post_ops_t po, const krn_nn_act_params *act);
-/* Create a primitive from an op descriptor + attributes; *pd_out is kept (caller destroys it). The primitive uses a
- * user scratchpad: *scratch_out is its buffer (NULL when it needs none), passed as DNNL_ARG_SCRATCHPAD at every
- * execution and destroyed by the caller. */
-eng_status krn_dnnl_prim(const void *op_desc, const_dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd_out,
-                         dnnl_primitive_t *prim_out, dnnl_memory_t *scratch_out);
+/* Create a primitive from an op descriptor. po: post-ops placed before the activation (NULL for none); taken
+ * and destroyed here on every path. act (may be NULL) is appended as the last post-op(s). *pd_out is kept (the
+ * caller destroys it). The primitive uses a user scratchpad: *scratch_out is its buffer (NULL when it needs
+ * none), passed as DNNL_ARG_SCRATCHPAD at every execution and destroyed by the caller. */
+eng_status krn_dnnl_prim(const void *op_desc, dnnl_post_ops_t po, const krn_nn_act_params *act,
+                         dnnl_primitive_desc_t *pd_out, dnnl_primitive_t *prim_out, dnnl_memory_t *scratch_out);
 /* Reorder src (memory desc + data) into a freshly eng_alloc'd buffer laid out as dst_md. */
 eng_status krn_dnnl_reorder_new(const dnnl_memory_desc_t *src_md, const void *src, const dnnl_memory_desc_t *dst_md,
                                 void **dst_out);

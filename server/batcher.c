@@ -159,6 +159,15 @@ static void bt_run_batch(srv_batcher *b, bt_req **reqs, int n, int64_t rows) {
     srv_tensors_free(&out);
 }
 
+/* Unlink the queued request *pp (prev: the one before it, NULL at the head); lock held. Returns it. */
+static bt_req *bt_unlink(srv_batcher *b, bt_req **pp, bt_req *prev) {
+    bt_req *r = *pp;
+    *pp = r->next;
+    if (b->tail == r) b->tail = prev;
+    b->queued_rows -= r->rows;
+    return r;
+}
+
 /* Take every asynchronous request whose deadline passed out of the queue (lock held); returns them as a list. */
 static bt_req *bt_take_expired(srv_batcher *b) {
     bt_req *list = NULL, **lt = &list, **pp = &b->head, *prev = NULL;
@@ -166,9 +175,7 @@ static bt_req *bt_take_expired(srv_batcher *b) {
     while (*pp) {
         bt_req *r = *pp;
         if (r->async_done && r->deadline_us > 0 && (now ? now : (now = srv_now_us())) >= r->deadline_us) {
-            *pp = r->next;
-            if (b->tail == r) b->tail = prev;
-            b->queued_rows -= r->rows;
+            bt_unlink(b, pp, prev);
             r->code = srv_err(&r->err, SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting in the batching queue");
             *lt = r, lt = &r->next;
         } else {
@@ -219,11 +226,8 @@ static void *bt_worker(void *arg) {
         while (*pp) {
             bt_req *r = *pp;
             if (n < b->o.max_batch_size && rows + r->rows <= b->o.max_batch_size && bt_compatible(lead, r->in)) {
-                batch[n++] = r;
+                batch[n++] = bt_unlink(b, pp, prev);
                 rows += r->rows;
-                *pp = r->next;
-                if (b->tail == r) b->tail = prev;
-                b->queued_rows -= r->rows;
             } else {
                 prev = r;
                 pp = &r->next;
@@ -352,19 +356,14 @@ srv_code srv_batcher_submit(srv_batcher *b, const srv_tensors *in, srv_tensors *
     while (!r.done) {
         if (deadline_us > 0) {
             int64_t left = deadline_us - srv_now_us();
-            int queued = 0;
-            for (bt_req *q = b->head; q; q = q->next) queued |= q == &r;
-            if (left <= 0 && queued) { /* still waiting in the queue: take it out */
+            if (left <= 0) { /* take it out if still waiting in the queue; else a worker has it: wait for that */
                 bt_req **pp = &b->head, *prev = NULL;
-                while (*pp && *pp != &r) {
-                    prev = *pp;
-                    pp = &(*pp)->next;
+                while (*pp && *pp != &r) prev = *pp, pp = &(*pp)->next;
+                if (*pp) {
+                    bt_unlink(b, pp, prev);
+                    timed_out = 1;
+                    break;
                 }
-                *pp = r.next;
-                if (b->tail == &r) b->tail = prev;
-                b->queued_rows -= rows;
-                timed_out = 1;
-                break;
             }
             if (left > 0) {
                 struct timespec ts;

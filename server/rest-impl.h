@@ -71,10 +71,13 @@ typedef struct srv_rest_req {
  * (q's strings and body) stays valid until then. */
 typedef struct srv_rest_job {
     void (*run)(struct srv_rest_job *job, srv_reply *o);
-    /* Optional, tried first (the connection is already suspended): hand the work to the version's batcher and
-     * return 1 without waiting; the batch worker then fills o, frees the job and calls complete(arg) (which
-     * resumes the connection). 0: not taken (the job is untouched; run goes to the worker pool). */
-    int (*start)(struct srv_rest_job *job, srv_reply *o, void (*complete)(void *arg), void *arg);
+    /* Optional, tried first (the connection is already suspended, and o/complete/carg are set): hand the work to
+     * the version's batcher and return 1 without waiting; the batch worker then fills *o, frees the job and calls
+     * complete(carg), which resumes the connection. 0: not taken (the job is untouched; run goes to the pool). */
+    int (*start)(struct srv_rest_job *job);
+    srv_reply *o;
+    void (*complete)(void *carg);
+    void *carg;
 } srv_rest_job;
 
 /* 1 if inference on v for in may run on the polling thread (cheap enough; see srv_version_quick), or the

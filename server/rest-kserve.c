@@ -177,9 +177,6 @@ typedef struct srv_kserve_job { /* q's strings and body belong to the request, w
     srv_version *v;
     srv_tensors in, out;
     srv_kserve_req kr;
-    srv_reply *o;                 /* asynchronous: where the reply goes, and who to tell */
-    void (*complete)(void *arg);
-    void *carg;
 } srv_kserve_job;
 
 static void srv_kserve_job_run(srv_rest_job *job, srv_reply *o) {
@@ -193,16 +190,15 @@ static void srv_kserve_job_done(void *arg, srv_code rc, const srv_error *e) {
     srv_kserve_job *j = arg;
     srv_error err = {0};
     if (rc != SRV_OK) err = *e;
-    void (*complete)(void *) = j->complete;
-    void *carg = j->carg;
-    srv_kserve_finish(&j->q, j->model, j->version, j->v, &j->in, &j->out, &j->kr, rc, &err, j->o);
+    void (*complete)(void *) = j->base.complete;
+    void *carg = j->base.carg;
+    srv_kserve_finish(&j->q, j->model, j->version, j->v, &j->in, &j->out, &j->kr, rc, &err, j->base.o);
     free(j);
     complete(carg);
 }
 
-static int srv_kserve_job_start(srv_rest_job *job, srv_reply *o, void (*complete)(void *), void *arg) {
+static int srv_kserve_job_start(srv_rest_job *job) {
     srv_kserve_job *j = (srv_kserve_job *)job;
-    j->o = o, j->complete = complete, j->carg = arg;
     return srv_version_predict_async(j->v, &j->in, &j->out, j->q.deadline_us, srv_kserve_job_done, j);
 }
 

@@ -186,9 +186,6 @@ typedef struct srv_tfs_job { /* q's strings and rt.verb point into the request, 
     srv_version *v;
     srv_tensors in, out;
     srv_tfs_format fmt;
-    srv_reply *o;                 /* asynchronous: where the reply goes, and who to tell */
-    void (*complete)(void *arg);
-    void *carg;
 } srv_tfs_job;
 
 static void srv_tfs_job_run(srv_rest_job *job, srv_reply *o) {
@@ -202,16 +199,15 @@ static void srv_tfs_job_done(void *arg, srv_code rc, const srv_error *e) {
     srv_tfs_job *j = arg;
     srv_error err = {0};
     if (rc != SRV_OK) err = *e;
-    void (*complete)(void *) = j->complete;
-    void *carg = j->carg;
-    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, &j->out, j->fmt, rc, &err, j->o);
+    void (*complete)(void *) = j->base.complete;
+    void *carg = j->base.carg;
+    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, &j->out, j->fmt, rc, &err, j->base.o);
     free(j);
     complete(carg);
 }
 
-static int srv_tfs_job_start(srv_rest_job *job, srv_reply *o, void (*complete)(void *), void *arg) {
+static int srv_tfs_job_start(srv_rest_job *job) {
     srv_tfs_job *j = (srv_tfs_job *)job;
-    j->o = o, j->complete = complete, j->carg = arg;
     return srv_version_predict_async(j->v, &j->in, &j->out, j->q.deadline_us, srv_tfs_job_done, j);
 }
 

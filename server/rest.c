@@ -316,7 +316,8 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
         cn->job = job;
         cn->phase = SRV_RC_QUEUED;
         MHD_suspend_connection(c);
-        if (job->start(job, &cn->out, srv_rest_complete, cn)) return MHD_YES;
+        job->o = &cn->out, job->complete = srv_rest_complete, job->carg = cn;
+        if (job->start(job)) return MHD_YES;
         if (srv_rest_defer(r, cn, 1) == 0) return MHD_YES; /* not batched after all: a worker runs it */
         job->run(job, &cn->out);
         srv_rest_complete(cn);

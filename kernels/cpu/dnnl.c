@@ -78,25 +78,34 @@ eng_status krn_dnnl_append_act(dnnl_post_ops_t po, const krn_nn_act_params *a) {
     return ENG_STATUS_OK;
 }
 
-eng_status krn_dnnl_prim(const void *op_desc, const_dnnl_primitive_attr_t attr, dnnl_primitive_desc_t *pd_out,
-                         dnnl_primitive_t *prim_out, dnnl_memory_t *scratch_out) {
-    dnnl_engine_t eng;
-    ENG_TRY(krn_dnnl_engine(&eng));
+eng_status krn_dnnl_prim(const void *op_desc, dnnl_post_ops_t po, const krn_nn_act_params *act,
+                         dnnl_primitive_desc_t *pd_out, dnnl_primitive_t *prim_out, dnnl_memory_t *scratch_out) {
     *pd_out = NULL;
     *prim_out = NULL;
     *scratch_out = NULL;
+    dnnl_engine_t eng;
+    eng_status est = krn_dnnl_engine(&eng);
+    if (est == ENG_STATUS_OK && !po && dnnl_post_ops_create(&po) != dnnl_success)
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "oneDNN post-ops");
+    if (est == ENG_STATUS_OK && act) est = krn_dnnl_append_act(po, act);
     /* User scratchpad: the library's shared one may only be used by the thread that created the primitive, and
      * plans run on whichever thread serves the request (or one per sub-batch). One buffer per primitive is safe
      * because a plan runs one request at a time. */
     dnnl_primitive_attr_t a = NULL;
-    dnnl_status_t s = attr ? dnnl_primitive_attr_clone(&a, attr) : dnnl_primitive_attr_create(&a);
-    if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(a, dnnl_scratchpad_mode_user);
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd_out, op_desc, a, eng, NULL);
-    if (a) dnnl_primitive_attr_destroy(a);
-    if (s != dnnl_success) {
-        *pd_out = NULL;
-        return krn_dnnl_fail(s, "dnnl_primitive_desc_create", __func__, __FILE__, __LINE__);
+    dnnl_status_t s = dnnl_success;
+    if (est == ENG_STATUS_OK) {
+        s = dnnl_primitive_attr_create(&a);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(a, po);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(a, dnnl_scratchpad_mode_user);
+        if (s == dnnl_success) s = dnnl_primitive_desc_create(pd_out, op_desc, a, eng, NULL);
+        if (s != dnnl_success) {
+            *pd_out = NULL;
+            est = krn_dnnl_fail(s, "dnnl_primitive_desc_create", __func__, __FILE__, __LINE__);
+        }
     }
+    if (a) dnnl_primitive_attr_destroy(a);
+    if (po) dnnl_post_ops_destroy(po);
+    ENG_TRY(est);
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(*pd_out, dnnl_query_scratchpad_md, 0);
     if (smd && dnnl_memory_desc_get_size(smd) > 0) s = dnnl_memory_create(scratch_out, smd, eng, DNNL_MEMORY_ALLOCATE);
     if (s == dnnl_success) s = dnnl_primitive_create(prim_out, *pd_out);

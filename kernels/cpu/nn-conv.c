@@ -65,15 +65,15 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
 
 static eng_status conv_dnnl_build(krn_call *c, conv_state *s) {
     if (conv_want_winograd(c->params, &c->in[0], &c->out[0])) {
-        conv_state w = *s;
-        if (conv_dnnl_build_alg(c, &w, dnnl_convolution_winograd) == ENG_STATUS_OK) {
-            *s = w;
-            return ENG_STATUS_OK;
+        conv_state *w = calloc(1, sizeof *w);
+        if (!w) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv state");
+        eng_status st = conv_dnnl_build_alg(c, w, dnnl_convolution_winograd);
+        if (st == ENG_STATUS_OK) {
+            *s = *w; /* s is fresh (calloc'd by the caller): take over everything w built */
+            free(w);
+            return st;
         }
-        /* oneDNN has no Winograd kernel for this shape or machine: release what was built, go direct */
-        w.sub[0] = w.sub[1] = NULL, w.scratch = NULL;
-        conv_state *tmp = malloc(sizeof *tmp);
-        if (tmp) *tmp = w, krn_cpu_conv_free(tmp);
+        krn_cpu_conv_free(w); /* oneDNN has no Winograd kernel for this shape or machine: go direct */
         eng_err_clear();
     }
     return conv_dnnl_build_alg(c, s, dnnl_convolution_direct);
@@ -115,13 +115,8 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     dnnl_convolution_desc_t cd;
     KRN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, alg, &smd,
                                                               &wmd_any, has_b ? &bmd : NULL, &dmd, st, dl, pl, pr));
-    dnnl_primitive_attr_t attr;
     dnnl_post_ops_t po;
-    KRN_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
-    if (dnnl_post_ops_create(&po) != dnnl_success) {
-        dnnl_primitive_attr_destroy(attr);
-        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv post-ops");
-    }
+    if (dnnl_post_ops_create(&po) != dnnl_success) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv post-ops");
     eng_status est = ENG_STATUS_OK;
     int has_res = p->has_residual && c->nin > 3 && c->in[3].dtype != ENG_DTYPE_UNDEFINED;
     if (has_res) {
@@ -139,12 +134,11 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
         } else if (dnnl_post_ops_append_binary(po, dnnl_binary_add, &rmd) != dnnl_success)
             est = ENG_STATUS_UNSUPPORTED;
     }
-    if (est == ENG_STATUS_OK) est = krn_dnnl_append_act(po, &p->act);
-    if (est == ENG_STATUS_OK && dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success) est = ENG_STATUS_UNSUPPORTED;
-    if (est == ENG_STATUS_OK) est = krn_dnnl_prim(&cd, attr, &s->pd, &s->prim, &s->mscratch);
-    dnnl_post_ops_destroy(po);
-    dnnl_primitive_attr_destroy(attr);
-    ENG_TRY(est);
+    if (est != ENG_STATUS_OK) {
+        dnnl_post_ops_destroy(po);
+        return est;
+    }
+    ENG_TRY(krn_dnnl_prim(&cd, po, &p->act, &s->pd, &s->prim, &s->mscratch));
     dnnl_engine_t eng;
     ENG_TRY(krn_dnnl_engine(&eng));
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(s->pd, dnnl_query_weights_md, 0);

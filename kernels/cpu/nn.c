@@ -244,16 +244,7 @@ static eng_status mm_dnnl_build(krn_call *c, mm_state *s, const mm_shapes *sh) {
     }
     dnnl_matmul_desc_t md;
     KRN_DNNL_CHECK(dnnl_matmul_desc_init(&md, &amd, &bmd, cmdp, &ymd));
-    dnnl_primitive_attr_t attr;
-    dnnl_post_ops_t po;
-    KRN_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
-    dnnl_post_ops_create(&po);
-    eng_status st = krn_dnnl_append_act(po, &p->act);
-    if (st == ENG_STATUS_OK && dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success) st = ENG_STATUS_INTERNAL;
-    if (st == ENG_STATUS_OK) st = krn_dnnl_prim(&md, attr, &s->pd, &s->prim, &s->mscratch);
-    dnnl_post_ops_destroy(po);
-    dnnl_primitive_attr_destroy(attr);
-    ENG_TRY(st);
+    ENG_TRY(krn_dnnl_prim(&md, NULL, &p->act, &s->pd, &s->prim, &s->mscratch));
     dnnl_engine_t eng;
     ENG_TRY(krn_dnnl_engine(&eng));
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(s->pd, dnnl_query_weights_md, 0);
@@ -267,7 +258,7 @@ static eng_status mm_dnnl_build(krn_call *c, mm_state *s, const mm_shapes *sh) {
             for (int64_t i = 0; i < n; i++) tmp[i] = p->alpha * B[i];
             B = tmp;
         }
-        st = krn_dnnl_reorder_new(&bplain, B, wmd, &s->wpack);
+        eng_status st = krn_dnnl_reorder_new(&bplain, B, wmd, &s->wpack);
         eng_free(tmp);
         ENG_TRY(st);
         KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, s->wpack));
