@@ -42,7 +42,7 @@ $(info tensord build: oneDNN $(if $(filter 1,$(HAVE_DNNL)),found,NOT FOUND (make
 $(info tensord build: onnx.proto $(if $(filter 1,$(HAVE_ONNX_PROTO)),found,NOT FOUND (make deps)))
 $(info tensord build: nvcc $(if $(NVCC),found at $(NVCC),not found)$(if $(filter 1,$(CUDA_ON)), (CUDA=1: compiling kernels/cuda), (CUDA kernels off; CUDA=1 to compile)))
 
-LIB_SRC := $(wildcard engine/*.c engine/ops/*.c kernels/*.c kernels/cpu/*.c)
+LIB_SRC := $(wildcard engine/*.c engine/*/*.c kernels/*.c kernels/cpu/*.c)
 BIN_SRC := $(wildcard server/*.c admin/*.c models/*.c)
 CU_SRC := $(wildcard kernels/cuda/*.cu)
 LIB_OBJ := $(GEN)/onnx.pb-c.o $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
@@ -104,7 +104,7 @@ test-unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t --jobs 2; done
 
 # Then again with every provably row-independent plan split into one-row chunks on 2 threads: the batch-split
-# analysis (engine/plan-split.c) must never change an answer on the ONNX test models.
+# analysis (engine/plan/plan-split.c) must never change an answer on the ONNX test models.
 test-conformance: $(BUILD)/tensord
 	@set -e; for s in node pytorch-converted pytorch-operator simple; do \
 	  echo "== conformance $$s"; \

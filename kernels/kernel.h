@@ -12,7 +12,7 @@
 #ifndef KRN_KERNEL_H
 #define KRN_KERNEL_H
 
-#include "../engine/tensor.h"
+#include "../engine/ir/tensor.h"
 
 typedef struct krn_call {
     const void *params;     /* op-specific params struct, or NULL */

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../engine/tensor.h"
+#include "../engine/ir/tensor.h"
 
 /* Elementwise float maps. alpha/beta meanings are given per value; unused ones are ignored. */
 typedef enum krn_act {

@@ -1,4 +1,4 @@
-/* krn-grad.h - params of the gradient kernels (the internal "com.tensord" ops that engine/autodiff.c emits) and
+/* krn-grad.h - params of the gradient kernels (the internal "com.tensord" ops that engine/train/autodiff.c emits) and
  * of TrainingDropout.
  *
  * Each gradient op re-uses the params of its forward op, resolved by the forward op's own prepare/infer in
@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "../engine/tensor.h"
+#include "../engine/ir/tensor.h"
 #include "krn-nn.h"
 #include "krn-reduce.h"
 #include "krn-tensor.h"
@@ -62,7 +62,7 @@ typedef struct krn_conv_grad_params {
 typedef struct krn_pool_grad_params {
     krn_pool_params pool;
     int relu; /* MaxPoolGrad attribute fused_relu=1: x is a Relu output and dx also gets ReluGrad's mask (x > 0);
-               * engine/grad-math.c sets it instead of emitting ReluGrad(MaxPoolGrad(dy, y), y) */
+               * engine/train/grad-math.c sets it instead of emitting ReluGrad(MaxPoolGrad(dy, y), y) */
 } krn_pool_grad_params;
 
 /* MatMulGrad(dy, A, B) -> dA, dB with numpy broadcasting and 1-D operands, summed over broadcast batch dims. */

@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "../engine/status.h"
+#include "../engine/ir/status.h"
 
 #define KRN_NN_MAX_SPATIAL 3
 
@@ -50,7 +50,7 @@ typedef struct krn_conv_params {
     int64_t pool_kernel[2], pool_strides[2];
 } krn_conv_params;
 
-/* Memory layout of a 4-D float32 activation that only nn kernels see (set by engine/fuse.c's layout pass).
+/* Memory layout of a 4-D float32 activation that only nn kernels see (set by engine/plan/fuse.c's layout pass).
  * BLOCKED means oneDNN's nChw16c when C % 16 == 0, else NHWC: both hold exactly N*C*H*W floats, so the planner's
  * buffer sizes stay right while the logical shape stays NCHW. */
 typedef enum krn_nn_layout {

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "../engine/tensor.h"
+#include "../engine/ir/tensor.h"
 
 typedef enum krn_reduce_op {
     KRN_REDUCE_SUM = 0,

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../engine/tensor.h"
+#include "../engine/ir/tensor.h"
 
 /* Most dims the strided-copy helpers take (a rank-8 Tile is viewed as 16 dims). */
 #define KRN_TENSOR_MAX_VIEW (2 * ENG_MAX_DIMS)

@@ -24,7 +24,7 @@
 
 #include <stdint.h>
 
-#include "../engine/graph.h"
+#include "../engine/ir/graph.h"
 
 typedef struct mdl_opt {
     const char *key;

@@ -5,7 +5,7 @@
 #ifndef SRV_BUNDLE_H
 #define SRV_BUNDLE_H
 
-#include "../engine/plan.h"
+#include "../engine/plan/plan.h"
 #include "metrics.h"
 #include "registry.h"
 
@@ -69,7 +69,7 @@ int srv_bundle_read_file(const char *path, size_t max, char **buf, size_t *len);
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "../engine/session.h"
+#include "../engine/plan/session.h"
 
 struct srv_version {
     srv_version_info info;

@@ -17,9 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../engine/graph.h"
-#include "../engine/onnx.h"
-#include "../engine/session.h"
+#include "../engine/ir/graph.h"
+#include "../engine/ir/onnx.h"
+#include "../engine/plan/session.h"
 #include "cli.h"
 
 #define ENG_OP_MAX_FEED 64

@@ -23,8 +23,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../engine/graph.h"
-#include "../engine/onnx.h"
+#include "../engine/ir/graph.h"
+#include "../engine/ir/onnx.h"
 #include "../models/zoo.h"
 #include "cli.h"
 

@@ -6,9 +6,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "../engine/graph.h"
-#include "../engine/npy.h"
-#include "../engine/session.h"
+#include "../engine/ir/graph.h"
+#include "../engine/ir/npy.h"
+#include "../engine/plan/session.h"
 #include "cli.h"
 
 #define RUN_MAX_INPUTS 256

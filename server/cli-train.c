@@ -1,4 +1,4 @@
-/* cli-train.c - `tensord train`: fine-tune a bundle's version and write the next version (engine/train.h).
+/* cli-train.c - `tensord train`: fine-tune a bundle's version and write the next version (engine/train/train.h).
  *
  * Prints the new version's path and its final metrics on stdout; errors are one `error: ...` line on stderr
  * with exit 1; bad usage exits 2.
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/train.h"
+#include "../engine/train/train.h"
 #include "cli.h"
 
 #define TRAIN_MAX_FILES 64

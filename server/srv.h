@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../engine/tensor.h"
+#include "../engine/ir/tensor.h"
 
 typedef enum srv_code {
     SRV_OK = 0,

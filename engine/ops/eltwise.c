@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-eltwise.h"
-#include "../op.h"
+#include "op.h"
 
 /* dtype classes accepted by an op */
 enum { EW_T_FLOAT = 1, EW_T_SINT = 2, EW_T_UINT = 4, EW_T_BOOL = 8 };

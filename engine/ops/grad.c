@@ -1,4 +1,4 @@
-/* grad.c - op definitions of the internal "com.tensord" gradient ops that engine/autodiff.c emits, and of
+/* grad.c - op definitions of the internal "com.tensord" gradient ops that engine/train/autodiff.c emits, and of
  * TrainingDropout (what eng_graph_set_training turns Dropout into).
  *
  * A gradient op "<Fwd>Grad" carries the attributes of its forward node and resolves them with the forward op's
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-grad.h"
-#include "../op.h"
+#include "op.h"
 
 static void *grad_params(eng_op_ctx *c, size_t n) {
     c->params = calloc(1, n);

@@ -1,5 +1,5 @@
 /* nn.c - the "nn" op family: MatMul, Gemm, Conv, ConvTranspose, MaxPool/AveragePool/LpPool and their Global
- * forms, plus the internal com.tensord ops that engine/fuse.c creates (FusedConv, FusedMatMul, FusedGemm).
+ * forms, plus the internal com.tensord ops that engine/plan/fuse.c creates (FusedConv, FusedMatMul, FusedGemm).
  *
  * prepare parses attributes into the kernel params of kernels/krn-nn.h (wrapped in a struct whose first member
  * is the kernel params, so the kernel sees exactly krn_*_params); infer resolves kernel shapes from W, auto_pad
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-nn.h"
-#include "../op.h"
+#include "op.h"
 
 enum { NN_PAD_NOTSET = 0, NN_PAD_SAME_UPPER, NN_PAD_SAME_LOWER, NN_PAD_VALID };
 
@@ -78,7 +78,7 @@ static eng_status nn_conv_prepare_common(eng_op_ctx *c, int transposed, int fuse
         p->k.has_residual = c->nin > 3 && c->node->inputs[3] >= 0;
         const int64_t *pk = NULL, *ps = NULL;
         int npk = eng_node_attr_ints(n, "pool_kernel", &pk), nps = eng_node_attr_ints(n, "pool_strides", &ps);
-        if (npk >= 0) { /* engine/fuse.c folded a following 2-D MaxPool (no pads, no dilation) into this conv */
+        if (npk >= 0) { /* engine/plan/fuse.c folded a following 2-D MaxPool (no pads, no dilation) into this conv */
             if (npk != 2 || nps != 2 || p->k.has_residual)
                 return eng_err(ENG_STATUS_INVALID_MODEL, "fused pool needs 2-D pool_kernel and pool_strides and no residual");
             for (int i = 0; i < 2; i++) {

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-reduce.h"
-#include "../op.h"
+#include "op.h"
 
 static eng_status norm_check_float(const eng_tensor *t, const char *what) {
     if (!eng_dtype_is_float(t->dtype))

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-reduce.h"
-#include "../op.h"
+#include "op.h"
 
 eng_status eng_reduce_loss_prepare(eng_op_ctx *c);
 eng_status eng_reduce_loss_infer(eng_op_ctx *c);

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-reduce.h"
-#include "../op.h"
+#include "op.h"
 
 /* ---- ops defined in norm.c and reduce-loss.c ---- */
 eng_status eng_norm_softmax_prepare(eng_op_ctx *c);

@@ -1,5 +1,5 @@
 /* registry.c - every op family's definitions, looked up by (domain, op_type). */
-#include "../op.h"
+#include "op.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-tensor.h"
-#include "../op.h"
+#include "op.h"
 
 eng_status eng_tensor_op_read_ints(const eng_op_ctx *c, int i, const char *what, int64_t *out, int max, int *n);
 eng_status eng_tensor_op_check_dtype(const eng_tensor *t, const char *what);

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-tensor.h"
-#include "../op.h"
+#include "op.h"
 
 void *eng_tensor_op_params(eng_op_ctx *c, size_t size);
 eng_status eng_tensor_op_read_ints(const eng_op_ctx *c, int i, const char *what, int64_t *out, int max, int *n);

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "../../kernels/krn-tensor.h"
-#include "../op.h"
+#include "op.h"
 
 /* ---- shared helpers (also used by tensor-move.c, tensor-index.c, tensor-resize.c) ---- */
 

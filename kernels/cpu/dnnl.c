@@ -14,7 +14,7 @@
 #include <stdlib.h>
 
 #include "../krn-nn.h"
-#include "../../engine/tensor.h"
+#include "../../engine/ir/tensor.h"
 
 eng_status krn_dnnl_fail(dnnl_status_t s, const char *stmt, const char *func, const char *file, int line) {
     return eng_err(s == dnnl_unimplemented ? ENG_STATUS_UNSUPPORTED : ENG_STATUS_INTERNAL,

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../../engine/tensor.h"
+#include "../../engine/ir/tensor.h"
 
 static inline __attribute__((always_inline)) float krn_red_expf(float x) {
     x = x < -87.0f ? -87.0f : x;

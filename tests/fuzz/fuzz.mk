@@ -16,8 +16,8 @@ PER_TARGET := $(shell echo $$(( ($(FUZZ_TIME) + 1) / 2 )))
 SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FCFLAGS := -std=gnu11 -g -O1 -I. -I$(FUZZ_GEN) $(SAN) -Wall -Wextra -Wno-unused-parameter \
 	-Wno-missing-field-initializers
-LIB_SRC := engine/graph.c engine/onnx-load.c engine/onnx-tensor.c engine/onnx-save.c engine/file-io.c \
-	engine/npy.c engine/tensor.c engine/status.c
+LIB_SRC := engine/ir/graph.c engine/ir/onnx-load.c engine/ir/onnx-tensor.c engine/ir/onnx-save.c engine/ir/file-io.c \
+	engine/ir/npy.c engine/ir/tensor.c engine/ir/status.c
 LIB_OBJ := $(FUZZ_GEN)/onnx.pb-c.o $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(LIB_SRC))
 BINS := $(patsubst %,$(FUZZ_OUT)/fuzz_%,$(TARGETS))
 
@@ -41,7 +41,7 @@ $(FUZZ_GEN)/onnx.pb-c.c $(FUZZ_GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
 $(FUZZ_GEN)/onnx.pb-c.o: $(FUZZ_GEN)/onnx.pb-c.c
 	$(CLANG) $(FCFLAGS) -fsanitize=fuzzer-no-link -w -c $< -o $@
 
-$(FUZZ_OUT)/obj/%.o: %.c $(FUZZ_GEN)/onnx.pb-c.h $(wildcard engine/*.h)
+$(FUZZ_OUT)/obj/%.o: %.c $(FUZZ_GEN)/onnx.pb-c.h $(wildcard engine/*.h engine/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CLANG) $(FCFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 

@@ -2,8 +2,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/graph.h"
-#include "engine/npy.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/npy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     eng_tensor *t = NULL;

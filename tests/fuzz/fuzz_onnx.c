@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "engine/onnx.h"
+#include "engine/ir/onnx.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     eng_graph *g = NULL;

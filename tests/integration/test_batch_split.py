@@ -1,4 +1,4 @@
-"""Batch-parallel execution (engine/plan-split.c): a batch runs as sub-batches on separate threads only when
+"""Batch-parallel execution (engine/plan/plan-split.c): a batch runs as sub-batches on separate threads only when
 every node keeps batch rows independent, and the answer never changes.
 
 Each model runs with 2 threads and TENSORD_SPLIT_ROWS=3 on a batch of 8 (chunks of 3, 3 and a tail of 2, so

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/autodiff.h"
-#include "engine/graph.h"
-#include "engine/session.h"
+#include "engine/train/autodiff.h"
+#include "engine/ir/graph.h"
+#include "engine/plan/session.h"
 #include "kernels/krn-grad.h"
 
 static int val(eng_graph *g, const char *name) { return eng_graph_add_value(g, name); }

@@ -13,9 +13,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "engine/data-impl.h"
-#include "engine/data.h"
-#include "engine/npy.h"
+#include "engine/data/data-impl.h"
+#include "engine/data/data.h"
+#include "engine/ir/npy.h"
 
 /* ---- harness ---- */
 

@@ -14,13 +14,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/autodiff.h"
-#include "engine/graph.h"
-#include "engine/loss.h"
-#include "engine/npy.h"
-#include "engine/onnx.h"
-#include "engine/optim.h"
-#include "engine/session.h"
+#include "engine/train/autodiff.h"
+#include "engine/ir/graph.h"
+#include "engine/train/loss.h"
+#include "engine/ir/npy.h"
+#include "engine/ir/onnx.h"
+#include "engine/train/optim.h"
+#include "engine/plan/session.h"
 
 static char gold_dir[256];
 #define STEPS 5

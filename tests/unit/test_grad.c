@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/autodiff.h"
-#include "engine/graph.h"
-#include "engine/session.h"
+#include "engine/train/autodiff.h"
+#include "engine/ir/graph.h"
+#include "engine/plan/session.h"
 #include "kernels/krn-grad.h"
 
 typedef struct gc_row {

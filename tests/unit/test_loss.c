@@ -1,21 +1,21 @@
-/* test_loss.c - every loss of engine/loss.h appended to small graphs and run through a session, against a
+/* test_loss.c - every loss of engine/train/loss.h appended to small graphs and run through a session, against a
  * direct double-precision C reference on random data (logits and probabilities); the automatic from-logits
  * path for models ending in Softmax/Sigmoid (the graph must read the Softmax input); accuracy metrics; the
  * opset-dependent node forms; error messages. Gradient sanity through eng_autodiff (analytic for sparse CCE,
- * finite differences for every loss) runs when engine/autodiff.c is present at build time, else is skipped. */
+ * finite differences for every loss) runs when engine/train/autodiff.c is present at build time, else is skipped. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/autodiff.h"
-#include "engine/graph.h"
-#include "engine/loss.h"
-#include "engine/session.h"
+#include "engine/train/autodiff.h"
+#include "engine/ir/graph.h"
+#include "engine/train/loss.h"
+#include "engine/plan/session.h"
 
 #ifndef HAVE_AUTODIFF /* -DHAVE_AUTODIFF=0 forces the skip */
-#if __has_include("../../engine/autodiff.c")
+#if __has_include("../../engine/train/autodiff.c")
 #define HAVE_AUTODIFF 1
 #else
 #define HAVE_AUTODIFF 0
@@ -591,5 +591,5 @@ Test(loss, grad_finite_differences_every_loss) {
     }
 }
 #else
-Test(loss, grad_through_autodiff) { cr_skip_test("engine/autodiff.c not present at build time"); }
+Test(loss, grad_through_autodiff) { cr_skip_test("engine/train/autodiff.c not present at build time"); }
 #endif

@@ -1,4 +1,4 @@
-/* test_nn.c - the nn op family (Conv, ConvTranspose, MaxPool/AveragePool, MatMul, Gemm) and engine/fuse.c.
+/* test_nn.c - the nn op family (Conv, ConvTranspose, MaxPool/AveragePool, MatMul, Gemm) and engine/plan/fuse.c.
  *
  * Each case builds a one-node graph (weights as initializers, so the constant-weight oneDNN/GEMV paths run, and
  * again as graph inputs for the non-constant paths), plans and runs it on the CPU backend, and compares with a
@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/fuse.h"
-#include "engine/graph.h"
-#include "engine/plan.h"
+#include "engine/plan/fuse.h"
+#include "engine/ir/graph.h"
+#include "engine/plan/plan.h"
 
 /* ---- graph helpers ---- */
 
@@ -548,7 +548,7 @@ Test(nn, fusion_keeps_graph_outputs) {
     eng_free(w);
 }
 
-/* ---- batch-parallel plans (engine/plan-split.c) ---- */
+/* ---- batch-parallel plans (engine/plan/plan-split.c) ---- */
 
 /* Conv 3->8 (3x3, pad 1) + Relu + GlobalAveragePool on x [N,3,6,6] with a symbolic N. */
 static eng_graph *split_graph(void) {

@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/graph.h"
-#include "engine/npy.h"
-#include "engine/onnx.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/npy.h"
+#include "engine/ir/onnx.h"
 #include "onnx.pb-c.h"
 
 #define TD "/usr/share/libonnx-testdata/data"

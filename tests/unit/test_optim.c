@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/optim.h"
+#include "engine/train/optim.h"
 
 #define MAXP 3
 

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/graph.h"
-#include "engine/session.h"
+#include "engine/ir/graph.h"
+#include "engine/plan/session.h"
 
 static int val(eng_graph *g, const char *name, eng_dtype dt, int ndim, const int64_t *dims) {
     int v = eng_graph_add_value(g, name);

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/graph.h"
-#include "engine/op.h"
+#include "engine/ir/graph.h"
+#include "engine/ops/op.h"
 #include "kernels/kernel.h"
 
 /* ---- harness ---- */

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/onnx.h"
+#include "engine/ir/onnx.h"
 #include "server/srv.c"
 #include "server/bundle.c"
 #include "server/registry.c"

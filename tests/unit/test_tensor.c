@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/op.h"
+#include "engine/ops/op.h"
 #include "kernels/kernel.h"
 #include "kernels/krn-tensor.h"
 

@@ -1,4 +1,4 @@
-/* test_tfevents.c - TensorBoard event writer (engine/tfevents.c): CRC-32C against published check values,
+/* test_tfevents.c - TensorBoard event writer (engine/train/tfevents.c): CRC-32C against published check values,
  * TFRecord framing and masking, the protobuf bytes of a scalar event (hand-derived from event.proto), and a
  * written file read back record by record with every CRC verified. */
 #include <criterion/criterion.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/tfevents.h"
+#include "engine/train/tfevents.h"
 
 static uint32_t le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t le64(const uint8_t *p) { return le32(p) | (uint64_t)le32(p + 4) << 32; }

@@ -1,5 +1,5 @@
-/* test_train.c - training infrastructure that needs no model: the thread all-reduce (engine/allreduce.c) and
- * checkpoints (engine/train-ckpt.c).
+/* test_train.c - training infrastructure that needs no model: the thread all-reduce (engine/train/allreduce.c) and
+ * checkpoints (engine/train/train-ckpt.c).
  *
  * All-reduce: sums and means for 1..5 ranks and sizes that do and do not divide evenly (including n < ranks
  * and n = 0) against a reference summed in rank order, bit-identical across repeated runs whatever the thread
@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/allreduce.h"
-#include "engine/train-impl.h"
+#include "engine/train/allreduce.h"
+#include "engine/train/train-impl.h"
 
 typedef struct ar_arg {
     eng_comm *c;

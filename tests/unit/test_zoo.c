@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/graph.h"
-#include "engine/session.h"
+#include "engine/ir/graph.h"
+#include "engine/plan/session.h"
 #include "models/build.c"
 #include "models/mlp-cnn.c"
 #include "models/resnet.c"

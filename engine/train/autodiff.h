@@ -16,7 +16,7 @@
 #ifndef ENG_AUTODIFF_H
 #define ENG_AUTODIFF_H
 
-#include "graph.h"
+#include "../ir/graph.h"
 
 typedef struct eng_grad_spec {
     const char *loss;            /* name of a scalar (rank 0 or [1]) float value */

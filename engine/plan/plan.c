@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "op.h"
+#include "../ops/op.h"
 #include "plan-impl.h"
 
 static double plan_now_ms(void) {

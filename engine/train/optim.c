@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor.h"
+#include "../ir/tensor.h"
 
 #define OPTIM_OMP_MIN 32768
 #define OPTIM_STATE_MAGIC "TDOPTST"

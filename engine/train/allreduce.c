@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor.h"
+#include "../ir/tensor.h"
 
 struct eng_comm {
     int size;

@@ -3,6 +3,6 @@
  * The rewrite preserves the graph's inputs, outputs and numerics (within float rounding). */
 #ifndef ENG_FUSE_H
 #define ENG_FUSE_H
-#include "graph.h"
+#include "../ir/graph.h"
 eng_status eng_graph_fuse(eng_graph *g);
 #endif

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "grad-impl.h"
-#include "tensor.h"
+#include "../ir/tensor.h"
 
 typedef struct ad_state {
     eng_name_index ix;

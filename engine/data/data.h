@@ -20,7 +20,7 @@
 
 #include <stdint.h>
 
-#include "tensor.h"
+#include "../ir/tensor.h"
 
 typedef struct eng_data_column {
     char *name;

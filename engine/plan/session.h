@@ -9,7 +9,7 @@
 #ifndef ENG_SESSION_H
 #define ENG_SESSION_H
 
-#include "graph.h"
+#include "../ir/graph.h"
 #include "plan.h"
 
 typedef struct eng_session_opts {

@@ -15,7 +15,7 @@
  * accuracy, val_loss, val_accuracy, learning_rate, examples_per_sec).
  *
  * Data parallelism: replicas R > 1 runs R copies of the training graph on R threads, each on its shard of
- * every batch (B/R rows), and averages gradients through an eng_comm all-reduce (engine/allreduce.h) before
+ * every batch (B/R rows), and averages gradients through an eng_comm all-reduce (engine/train/allreduce.h) before
  * one optimizer update, so R replicas at batch B give the same weights as 1 replica at batch B (within float
  * tolerance; BatchNorm statistics are per-shard, as without SyncBN).
  */
@@ -30,7 +30,7 @@
 typedef struct eng_train_opts {
     const char *model_base_path;
     int64_t base_version;          /* 0: the highest version present */
-    const char *const *data_files; /* joined into one dataset (engine/data.h) */
+    const char *const *data_files; /* joined into one dataset (engine/data/data.h) */
     int ndata;
     const char *const *val_files;  /* optional separate validation data (else val_split) */
     int nval;

@@ -15,8 +15,8 @@
 #include <stdint.h>
 
 #include "allreduce.h"
-#include "data.h"
-#include "session.h"
+#include "../data/data.h"
+#include "../plan/session.h"
 #include "tfevents.h"
 #include "train.h"
 

@@ -13,8 +13,8 @@
 #include <zlib.h>
 
 #include "data-impl.h"
-#include "graph.h"
-#include "npy.h"
+#include "../ir/graph.h"
+#include "../ir/npy.h"
 
 static eng_status eng_npy_add(eng_dataset *d, eng_tensor *t, const char *what, const char *file, const char *stem) {
     const char *col = eng_data_col_name(stem);

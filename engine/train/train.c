@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "autodiff.h"
-#include "onnx.h"
+#include "../ir/onnx.h"
 #include "train-impl.h"
-#include "../kernels/krn-grad.h"
+#include "../../kernels/krn-grad.h"
 
 /* Highest plain-integer directory name under base (0 if none). */
 static eng_status scan_versions(const char *base, int64_t *highest) {

@@ -22,7 +22,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "file-io.h"
+#include "../ir/file-io.h"
 #include "train-impl.h"
 
 #define CKPT_MAGIC "TDCKPT01"

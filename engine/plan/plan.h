@@ -20,8 +20,8 @@
 #ifndef ENG_PLAN_H
 #define ENG_PLAN_H
 
-#include "graph.h"
-#include "../kernels/kernel.h"
+#include "../ir/graph.h"
+#include "../../kernels/kernel.h"
 
 typedef enum eng_precision {
     ENG_PRECISION_FP32 = 0,

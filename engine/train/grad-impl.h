@@ -1,4 +1,4 @@
-/* grad-impl.h - what gradient rules (engine/grad-*.c) see of autodiff (engine/autodiff.c).
+/* grad-impl.h - what gradient rules (engine/grad-*.c) see of autodiff (engine/train/autodiff.c).
  *
  * A rule differentiates one forward node: given the gradient values of its outputs (dy[j], -1 where no gradient
  * arrived) it appends nodes to the graph that compute the gradients of the inputs flagged in need[i] and stores
@@ -10,7 +10,7 @@
 #ifndef ENG_GRAD_IMPL_H
 #define ENG_GRAD_IMPL_H
 
-#include "graph.h"
+#include "../ir/graph.h"
 
 typedef struct eng_grad_ctx {
     eng_graph *g;

@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 
 #include "fuse.h"
-#include "op.h"
-#include "onnx.h"
+#include "../ops/op.h"
+#include "../ir/onnx.h"
 
 typedef struct sess_plan {
     eng_tensor *shapes; /* g->ninputs entries, data NULL */

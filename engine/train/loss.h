@@ -17,7 +17,7 @@
 #ifndef ENG_LOSS_H
 #define ENG_LOSS_H
 
-#include "graph.h"
+#include "../ir/graph.h"
 
 typedef enum eng_loss_kind {
     ENG_LOSS_SPARSE_CCE = 0,

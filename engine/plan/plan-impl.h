@@ -3,7 +3,7 @@
 #ifndef ENG_PLAN_IMPL_H
 #define ENG_PLAN_IMPL_H
 
-#include "op.h"
+#include "../ops/op.h"
 #include "plan.h"
 
 enum { VAL_NONE = 0, VAL_INPUT, VAL_CONST, VAL_ARENA, VAL_ALIAS, VAL_DYN };

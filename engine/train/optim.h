@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "../ir/status.h"
 
 typedef enum eng_optim_kind { ENG_OPTIM_SGD = 0, ENG_OPTIM_ADAM = 1, ENG_OPTIM_ADAMW = 2 } eng_optim_kind;
 typedef enum eng_lr_schedule { ENG_LR_CONSTANT = 0, ENG_LR_STEP = 1, ENG_LR_COSINE = 2 } eng_lr_schedule;

@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-#include "file-io.h"
+#include "../ir/file-io.h"
 
 /* ---- PRNG: xoshiro256** seeded by splitmix64 ---- */
 

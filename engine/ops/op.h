@@ -14,7 +14,7 @@
 #ifndef ENG_OP_H
 #define ENG_OP_H
 
-#include "graph.h"
+#include "../ir/graph.h"
 
 #define ENG_OP_MAX_IO 64
 

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "status.h"
+#include "../ir/status.h"
 
 typedef struct eng_tfevents eng_tfevents;
 

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/krn-nn.h"
+#include "../../kernels/krn-nn.h"
 #include "fuse.h"
 
 typedef struct fz_ctx {

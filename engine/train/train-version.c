@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "file-io.h"
-#include "onnx.h"
+#include "../ir/file-io.h"
+#include "../ir/onnx.h"
 #include "train-impl.h"
 
 /* The server's signature.json reader (server/bundle.c) refuses keys other than signature_defs, labels,

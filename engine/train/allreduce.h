@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "status.h"
+#include "../ir/status.h"
 
 typedef struct eng_comm eng_comm;
 
