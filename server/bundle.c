@@ -1,5 +1,11 @@
-/* bundle.c - reading model bundles for the registry: which version directories a base path holds, and what a
- * version's signature.json says (input/output aliases, labels, precision).
+/* bundle.c - what the server reads from model bundles beyond the layout: each version directory's change stamp
+ * (for the registry's poll), and what a version's signature.json says (input/output aliases, labels,
+ * precision), resolved against the loaded graph. The layout itself (version names, scanning, paths, writing
+ * new versions) is engine/bundle.c's; the loaded version object is version.c's.
+ *
+ * The signature.json reader stays here rather than in engine/bundle.c: it builds srv_io inputs/outputs, reports
+ * srv_code errors naming model and version, and uses server/json.c's nesting check; the engine has no use for
+ * a parsed signature (the trainer only copies the base version's object and sets "preprocessing").
  *
  * Layout: <base>/<n>/model.onnx, optional <n>/signature.json:
  *   {"signature_defs": {"serving_default": {"inputs": {"client": "onnx_name" | {"name": "onnx_name",
@@ -7,23 +13,19 @@
  *    "labels": ["cat", ...] | "labels_file": "labels.txt", "precision": "fp32"|"fp16"|"bf16"|"int8",
  *    "preprocessing": "..." (recorded by tensord train; informational)}
  * Invariants:
- *  - Only plain positive integers (digits, no sign, no leading zero, fits int64) are versions; anything else
- *    (".tmp-3-123", "3.bak", "+3", "03") is ignored, so half-written directories are never seen.
+ *  - Only names eng_bundle_parse_version accepts are versions (plain positive integers: no sign, no leading
+ *    zero, fits int64); anything else (".tmp-3-123", "3.bak", "+3", "007") is ignored, so half-written
+ *    directories are never seen.
  *  - signature.json is checked strictly: unknown keys, wrong types, names that are not graph inputs/outputs,
  *    duplicated names and a required graph input left unmapped are errors naming model, version and file.
  *    Its nesting depth is checked before it is parsed. labels_file may not leave the version directory.
  *  - Without signature.json the signature is the graph's inputs (initializers excluded) and outputs under their
  *    ONNX names, in graph order.
- *  - A loaded version (srv_version) is immutable after srv_version_load except for its atomic refcount; runs
- *    on it are serialised by run_mu (session outputs are views, copied out before the lock is dropped); it is
- *    destroyed by whoever drops the last reference, which then tells the registry (srv_registry_version_ended)
- *    as its very last step.
  */
 #define _GNU_SOURCE
 #include "bundle.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,25 +33,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../engine/bundle.h"
 #include "codec.h"
 
-#define WARMUP_MAX_RECORDS 1000 /* TF Serving's limit */
-#define WARMUP_MAX_LINE ((size_t)64 << 20)
 #define SIG_MAX_BYTES ((size_t)1 << 20)
 #define LABELS_MAX_BYTES ((size_t)16 << 20)
-
-int srv_bundle_parse_version(const char *name, int64_t *version) {
-    if (!name || name[0] < '1' || name[0] > '9') return 0;
-    int64_t v = 0;
-    for (const char *p = name; *p; p++) {
-        if (*p < '0' || *p > '9') return 0;
-        int d = *p - '0';
-        if (v > (INT64_MAX - d) / 10) return 0;
-        v = v * 10 + d;
-    }
-    *version = v;
-    return 1;
-}
 
 int srv_bundle_stamp_equal(const srv_bundle_stamp *a, const srv_bundle_stamp *b) {
     return a->onnx_mtime_ns == b->onnx_mtime_ns && a->onnx_size == b->onnx_size &&
@@ -58,56 +46,47 @@ int srv_bundle_stamp_equal(const srv_bundle_stamp *a, const srv_bundle_stamp *b)
 
 static int64_t ts_ns(const struct timespec *t) { return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec; }
 
-static int cmp_desc(const void *a, const void *b) {
-    int64_t x = ((const srv_bundle_ver *)a)->version, y = ((const srv_bundle_ver *)b)->version;
-    return x < y ? 1 : x > y ? -1 : 0;
+/* The stamp of <base>/<version>; 0 when the directory is gone (removed since the scan). */
+static int stamp_of(const char *base, int64_t version, srv_bundle_stamp *st) {
+    char path[4096];
+    struct stat sd, so;
+    memset(st, 0, sizeof *st);
+    if (eng_bundle_path(path, sizeof path, base, version, NULL) != ENG_STATUS_OK || stat(path, &sd) != 0 ||
+        !S_ISDIR(sd.st_mode))
+        return 0;
+    st->dir_mtime_ns = ts_ns(&sd.st_mtim);
+    if (eng_bundle_path(path, sizeof path, base, version, ENG_BUNDLE_MODEL_FILE) == ENG_STATUS_OK &&
+        stat(path, &so) == 0) {
+        st->onnx_mtime_ns = ts_ns(&so.st_mtim);
+        st->onnx_size = (int64_t)so.st_size;
+        st->onnx_ino = (uint64_t)so.st_ino;
+    }
+    if (eng_bundle_path(path, sizeof path, base, version, ENG_BUNDLE_SIGNATURE_FILE) == ENG_STATUS_OK &&
+        stat(path, &so) == 0)
+        st->sig_mtime_ns = ts_ns(&so.st_mtim);
+    return 1;
 }
 
 srv_code srv_bundle_scan(const char *model, const char *base, srv_bundle_ver **out, int *n, srv_error *err) {
     *out = NULL;
     *n = 0;
-    DIR *d = opendir(base);
-    if (!d)
-        return srv_err(err, SRV_NOT_FOUND, "model '%s': cannot read base path '%s': %s", model, base, strerror(errno));
-    srv_bundle_ver *v = NULL;
-    int nv = 0, cap = 0;
-    struct dirent *e;
-    char path[4096];
-    while ((e = readdir(d)) != NULL) {
-        int64_t ver;
-        if (!srv_bundle_parse_version(e->d_name, &ver)) continue;
-        struct stat sd, so;
-        if (snprintf(path, sizeof path, "%s/%s", base, e->d_name) >= (int)sizeof path) continue;
-        if (stat(path, &sd) != 0 || !S_ISDIR(sd.st_mode)) continue;
-        srv_bundle_stamp st = {.dir_mtime_ns = ts_ns(&sd.st_mtim)};
-        if (snprintf(path, sizeof path, "%s/%s/model.onnx", base, e->d_name) < (int)sizeof path &&
-            stat(path, &so) == 0) {
-            st.onnx_mtime_ns = ts_ns(&so.st_mtim);
-            st.onnx_size = (int64_t)so.st_size;
-            st.onnx_ino = (uint64_t)so.st_ino;
-        }
-        if (snprintf(path, sizeof path, "%s/%s/signature.json", base, e->d_name) < (int)sizeof path &&
-            stat(path, &so) == 0)
-            st.sig_mtime_ns = ts_ns(&so.st_mtim);
-        if (nv == cap) {
-            int nc = cap ? 2 * cap : 16;
-            srv_bundle_ver *nvp = realloc(v, (size_t)nc * sizeof *nvp);
-            if (!nvp) {
-                free(v);
-                closedir(d);
-                return srv_err(err, SRV_RESOURCE_EXHAUSTED, "model '%s': out of memory scanning '%s'", model, base);
-            }
-            v = nvp;
-            cap = nc;
-        }
-        v[nv].version = ver;
-        v[nv].stamp = st;
-        nv++;
+    int64_t *vs;
+    int nv;
+    eng_status es = eng_bundle_scan(base, &vs, &nv);
+    if (es != ENG_STATUS_OK)
+        return srv_err(err, es == ENG_STATUS_NOT_FOUND ? SRV_NOT_FOUND : SRV_RESOURCE_EXHAUSTED, "model '%s': %s",
+                       model, eng_last_error());
+    srv_bundle_ver *v = calloc((size_t)nv + 1, sizeof *v);
+    if (!v) {
+        free(vs);
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "model '%s': out of memory scanning '%s'", model, base);
     }
-    closedir(d);
-    if (nv) qsort(v, (size_t)nv, sizeof *v, cmp_desc);
+    int k = 0;
+    for (int i = 0; i < nv; i++) /* highest first, as eng_bundle_scan lists them */
+        if (stamp_of(base, vs[i], &v[k].stamp)) v[k++].version = vs[i];
+    free(vs);
     *out = v;
-    *n = nv;
+    *n = k;
     return SRV_OK;
 }
 
@@ -512,362 +491,3 @@ void srv_bundle_sig_free(srv_bundle_sig *sig) {
     free(sig->out_index);
     memset(sig, 0, sizeof *sig);
 }
-
-
-/* ---- loaded versions ---- */
-
-/* Destroys v (refs reached zero or it never was published) and tells the registry it is gone. */
-void srv_version_destroy(srv_version *v) {
-    srv_registry *r = v->reg;
-    srv_batcher_free(&v->batcher);
-    eng_session_free(&v->sess);
-    pthread_mutex_destroy(&v->run_mu);
-    srv_bundle_sig_free(&v->sig);
-    uint64_t id = v->id;
-    int64_t version = v->version;
-    char *model = v->model;
-    free(v->path);
-    free(v);
-    srv_registry_version_ended(r, model, version, id); /* last: the registry may be freed right after */
-    free(model);
-}
-
-void srv_version_release(srv_version *v) {
-    if (v && atomic_fetch_sub_explicit(&v->refs, 1, memory_order_acq_rel) == 1) srv_version_destroy(v);
-}
-
-const srv_version_info *srv_version_get_info(const srv_version *v) { return v ? &v->info : NULL; }
-
-#define VERR(code, ...) verr(err, code, v, __VA_ARGS__)
-static srv_code verr(srv_error *err, srv_code code, const srv_version *v, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static srv_code verr(srv_error *err, srv_code code, const srv_version *v, const char *fmt, ...) {
-    char m[SRV_ERR_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(m, sizeof m, fmt, ap);
-    va_end(ap);
-    return srv_err(err, code, "model '%s' version %lld: %s", v->model, (long long)v->version, m);
-}
-
-static void io_list(const srv_io *io, int n, char *buf, size_t cap) {
-    size_t off = 0;
-    buf[0] = 0;
-    for (int i = 0; i < n && off < cap; i++) {
-        int w = snprintf(buf + off, cap - off, "%s'%s'", i ? ", " : "", io[i].name);
-        if (w < 0) break;
-        off += (size_t)w;
-    }
-}
-
-/* Rows of a request: dim 0 of its first input (1 for a scalar or an empty batch). */
-static int64_t version_rows(const srv_tensors *in) {
-    return in->n > 0 && in->t[0].ndim > 0 && in->t[0].dims[0] > 1 ? in->t[0].dims[0] : 1;
-}
-
-/* Runs this quick are not counted in slow_runs; the REST server's inline budget (rest.c) is the same. */
-#define VERSION_QUICK_US 1000
-
-static int version_quick_est(srv_version *v, int64_t rows, int64_t budget_us) {
-    int64_t ns = atomic_load_explicit(&v->row_ns, memory_order_relaxed);
-    return ns > 0 && rows <= budget_us * 1000 / ns;
-}
-
-int srv_version_quick(srv_version *v, const srv_tensors *in, int64_t budget_us) {
-    return v && !v->batcher && atomic_load_explicit(&v->slow_runs, memory_order_relaxed) == 0 &&
-           version_quick_est(v, version_rows(in), budget_us);
-}
-
-/* Runs the session on inputs named by client names (any order); out gets the signature's outputs as copies.
- * Also the batcher's run function. out is emptied on error. */
-static srv_code version_run(void *ctx, const srv_tensors *in, srv_tensors *out, srv_error *err) {
-    srv_version *v = ctx;
-    const eng_graph *g = eng_session_graph(v->sess);
-    int nin = v->sig.ninputs;
-    const char **names = calloc((size_t)nin + 1, sizeof *names);
-    eng_tensor *feeds = calloc((size_t)nin + 1, sizeof *feeds);
-    eng_tensor *outs = calloc((size_t)g->noutputs + 1, sizeof *outs);
-    srv_code c = SRV_OK;
-    if (!names || !feeds || !outs) c = VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
-    for (int i = 0; i < nin && c == SRV_OK; i++) {
-        int k = srv_tensors_find(in, v->sig.inputs[i].name);
-        if (k < 0) c = VERR(SRV_INVALID_ARGUMENT, "missing input '%s'", v->sig.inputs[i].name);
-        else {
-            names[i] = v->sig.inputs[i].onnx_name;
-            feeds[i] = in->t[k];
-        }
-    }
-    int64_t rows = version_rows(in);
-    int slow = !version_quick_est(v, rows, VERSION_QUICK_US);
-    if (slow) atomic_fetch_add_explicit(&v->slow_runs, 1, memory_order_relaxed);
-    if (c == SRV_OK) {
-        pthread_mutex_lock(&v->run_mu);
-        int64_t t0 = srv_now_us();
-        eng_status st = eng_session_run(v->sess, nin, names, feeds, outs);
-        if (st == ENG_STATUS_OK) { /* per-row run time, exponential average (1/8), run_mu held */
-            int64_t ns = (srv_now_us() - t0) * 1000 / rows, old = atomic_load_explicit(&v->row_ns, memory_order_relaxed);
-            atomic_store_explicit(&v->row_ns, old ? old + (ns - old) / 8 : (ns > 0 ? ns : 1), memory_order_relaxed);
-        }
-        if (st != ENG_STATUS_OK) {
-            char pre[512];
-            snprintf(pre, sizeof pre, "model '%s' version %lld", v->model, (long long)v->version);
-            c = srv_err_from_eng(err, st, pre);
-        }
-        for (int i = 0; i < v->sig.noutputs && c == SRV_OK; i++)
-            if (srv_tensors_add_copy(out, v->sig.outputs[i].name, &outs[v->sig.out_index[i]]) != 0)
-                c = VERR(SRV_RESOURCE_EXHAUSTED, "cannot copy output '%s' (out of memory or too large)",
-                         v->sig.outputs[i].name);
-        pthread_mutex_unlock(&v->run_mu);
-    }
-    if (slow) atomic_fetch_sub_explicit(&v->slow_runs, 1, memory_order_relaxed);
-    if (c != SRV_OK) srv_tensors_free(out);
-    free(names);
-    free(feeds);
-    free(outs);
-    return c;
-}
-
-static void version_observe(void *ctx, int64_t rows, int64_t padded_rows, int64_t queue_us) {
-    srv_version *v = ctx;
-    if (!v->metrics) return;
-    srv_metrics_batch(v->metrics, v->model, v->version, rows, padded_rows);
-    srv_metrics_queue(v->metrics, v->model, v->version, queue_us);
-}
-
-static srv_code check_input(const srv_version *v, const srv_io *io, const eng_tensor *t, srv_error *err) {
-    char a[160], b[160];
-    if (io->dtype != ENG_DTYPE_UNDEFINED && t->dtype != io->dtype)
-        return VERR(SRV_INVALID_ARGUMENT, "input '%s': expected dtype %s, got %s", io->name, eng_dtype_name(io->dtype),
-                    eng_dtype_name(t->dtype));
-    if (t->ndim < 0 || t->ndim > ENG_MAX_DIMS)
-        return VERR(SRV_INVALID_ARGUMENT, "input '%s': invalid rank %d", io->name, t->ndim);
-    int bad = io->ndim >= 0 && io->ndim != t->ndim;
-    for (int d = 0; !bad && io->ndim >= 0 && d < t->ndim; d++) bad = io->dims[d] >= 0 && io->dims[d] != t->dims[d];
-    for (int d = 0; !bad && d < t->ndim; d++) bad = t->dims[d] < 0;
-    if (bad)
-        return VERR(SRV_INVALID_ARGUMENT, "input '%s': expected shape %s, got %s", io->name,
-                    io->ndim >= 0 ? eng_shape_str(io->dims, io->ndim, a, sizeof a) : "(any)",
-                    eng_shape_str(t->dims, t->ndim, b, sizeof b));
-    return SRV_OK;
-}
-
-/* The inputs in signature order (a view: borrowed names and tensor data; names/ts are calloc'd for the caller
- * to free), after checking names, dtypes and shapes. *batchable: every input has a batch dimension. */
-static srv_code version_view(srv_version *v, const srv_tensors *in, char ***names_out, eng_tensor **ts_out,
-                             int *batchable, srv_error *err) {
-    char list[1024];
-    int nin = v->sig.ninputs;
-    *names_out = NULL, *ts_out = NULL;
-    for (int k = 0; k < in->n; k++) {
-        int known = 0;
-        for (int i = 0; i < nin && !known; i++) known = strcmp(v->sig.inputs[i].name, in->names[k]) == 0;
-        if (!known) {
-            io_list(v->sig.inputs, nin, list, sizeof list);
-            return VERR(SRV_INVALID_ARGUMENT, "unknown input '%s'; expected inputs: %s", in->names[k], list);
-        }
-        for (int j = 0; j < k; j++)
-            if (strcmp(in->names[j], in->names[k]) == 0)
-                return VERR(SRV_INVALID_ARGUMENT, "input '%s' given twice", in->names[k]);
-    }
-    char **names = calloc((size_t)nin + 1, sizeof *names);
-    eng_tensor *ts = calloc((size_t)nin + 1, sizeof *ts);
-    srv_code c = (names && ts) ? SRV_OK : VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
-    *batchable = nin > 0;
-    for (int i = 0; i < nin && c == SRV_OK; i++) {
-        const srv_io *io = &v->sig.inputs[i];
-        int k = srv_tensors_find(in, io->name);
-        if (k < 0) {
-            io_list(v->sig.inputs, nin, list, sizeof list);
-            c = VERR(SRV_INVALID_ARGUMENT, "missing input '%s'; expected inputs: %s", io->name, list);
-            break;
-        }
-        c = check_input(v, io, &in->t[k], err);
-        names[i] = in->names[k];
-        ts[i] = in->t[k];
-        if (ts[i].ndim < 1) *batchable = 0;
-    }
-    if (c != SRV_OK) {
-        free(names);
-        free(ts);
-        return c;
-    }
-    *names_out = names, *ts_out = ts;
-    return SRV_OK;
-}
-
-srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                             srv_error *err) {
-    if (deadline_us > 0 && srv_now_us() >= deadline_us)
-        return VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded before the request ran");
-    char **names;
-    eng_tensor *ts;
-    int batchable;
-    srv_code c = version_view(v, in, &names, &ts, &batchable, err);
-    if (c == SRV_OK) {
-        srv_tensors view = {.n = v->sig.ninputs, .names = names, .t = ts};
-        if (v->batcher && batchable) c = srv_batcher_submit(v->batcher, &view, out, deadline_us, err);
-        else c = version_run(v, &view, out, err);
-    }
-    free(names);
-    free(ts);
-    return c;
-}
-
-typedef struct version_async { /* one asynchronous request: its signature-order view and the caller's callback */
-    srv_tensors view;
-    srv_batch_done_fn done;
-    void *arg;
-} version_async;
-
-static void version_async_done(void *arg, srv_code code, const srv_error *err) {
-    version_async *a = arg;
-    srv_batch_done_fn done = a->done;
-    void *darg = a->arg;
-    free(a->view.names);
-    free(a->view.t);
-    free(a);
-    done(darg, code, err);
-}
-
-int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                              srv_batch_done_fn done, void *arg) {
-    if (!v->batcher) return 0;
-    srv_error e = {0}, *err = &e;
-    char **names;
-    eng_tensor *ts;
-    int batchable = 0;
-    srv_code c = deadline_us > 0 && srv_now_us() >= deadline_us
-                     ? VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded before the request ran")
-                     : version_view(v, in, &names, &ts, &batchable, err);
-    if (c == SRV_OK && !batchable) {
-        free(names);
-        free(ts);
-        return 0; /* not batched: the caller runs it */
-    }
-    version_async *a = c == SRV_OK ? calloc(1, sizeof *a) : NULL;
-    if (c == SRV_OK && !a) {
-        free(names);
-        free(ts);
-        c = VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    if (c != SRV_OK) {
-        done(arg, c, err);
-        return 1;
-    }
-    *a = (version_async){.view = {.n = v->sig.ninputs, .names = names, .t = ts}, .done = done, .arg = arg};
-    srv_batcher_submit_async(v->batcher, &a->view, out, deadline_us, version_async_done, a);
-    return 1;
-}
-
-static srv_code version_warmup(srv_version *v, srv_error *err) {
-    char file[4096];
-    if (snprintf(file, sizeof file, "%s/assets.extra/warmup.jsonl", v->path) >= (int)sizeof file)
-        return VERR(SRV_INVALID_ARGUMENT, "warm-up path too long");
-    FILE *f = fopen(file, "rb");
-    if (!f) {
-        if (errno == ENOENT) return SRV_OK;
-        return VERR(SRV_INVALID_ARGUMENT, "%s: cannot open: %s", file, strerror(errno));
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int lineno = 0, records = 0;
-    srv_code c = SRV_OK;
-    while (c == SRV_OK && (len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ')) len--;
-        size_t s = 0;
-        while (s < (size_t)len && (line[s] == ' ' || line[s] == '\t')) s++;
-        if (s == (size_t)len) continue;
-        if ((size_t)len > WARMUP_MAX_LINE) {
-            c = VERR(SRV_INVALID_ARGUMENT, "%s line %d: longer than %zu bytes", file, lineno, WARMUP_MAX_LINE);
-            break;
-        }
-        if (++records > WARMUP_MAX_RECORDS) {
-            c = VERR(SRV_INVALID_ARGUMENT, "%s: more than %d warm-up records", file, WARMUP_MAX_RECORDS);
-            break;
-        }
-        srv_tensors in = {0}, out = {0};
-        srv_tfs_format fmt;
-        srv_error e = {0};
-        srv_code rc = srv_tfs_decode_predict(line + s, (size_t)len - s, &v->info, &in, &fmt, &e);
-        if (rc == SRV_OK) rc = srv_version_predict(v, &in, &out, 0, &e);
-        if (rc != SRV_OK) c = VERR(rc, "warm-up %s line %d failed: %s", file, lineno, e.msg);
-        srv_tensors_free(&in);
-        srv_tensors_free(&out);
-    }
-    if (c == SRV_OK && ferror(f)) c = VERR(SRV_INVALID_ARGUMENT, "%s: read error", file);
-    free(line);
-    fclose(f);
-    return c;
-}
-
-/* Builds, plans and warms up a version with no registry lock held. *out has one reference (the registry's). */
-srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const char *base, int64_t version,
-                          srv_version **out, srv_error *err) {
-    *out = NULL;
-    int64_t t0 = srv_now_us();
-    srv_version *v = calloc(1, sizeof *v);
-    if (!v) {
-        srv_registry_version_ended(ctx->reg, model, version, ctx->id);
-        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "model '%s' version %lld: out of memory", model,
-                           (long long)version);
-    }
-    pthread_mutex_init(&v->run_mu, NULL);
-    atomic_init(&v->refs, 1);
-    v->reg = ctx->reg;
-    v->id = ctx->id;
-    v->version = version;
-    v->metrics = ctx->metrics;
-    v->model = strdup(model);
-    size_t plen = strlen(base) + 32;
-    v->path = malloc(plen);
-    srv_code c = SRV_OK;
-    if (!v->model || !v->path) {
-        c = VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
-        goto fail;
-    }
-    snprintf(v->path, plen, "%s/%lld", base, (long long)version);
-    if ((c = srv_bundle_sig_read(model, version, v->path, &v->sig, err)) != SRV_OK) goto fail;
-    eng_session_opts so = {.nthreads = ctx->session_threads, .precision = v->sig.precision};
-    if (ctx->batching) {
-        /* Batches come in every size up to max_batch_size (or the allowed sizes): keep a plan per size, or
-         * the session's LRU of 16 plans re-plans (and re-JITs) most batches (seed CNN, 64 connections: +25 %
-         * req/s for +95 MB RSS). Capped at 68: each plan holds its activation buffers. */
-        int64_t want = (ctx->batching->nallowed > 0 ? ctx->batching->nallowed : ctx->batching->max_batch_size) + 4;
-        so.max_plans = (int)(want < 16 ? 16 : want > 68 ? 68 : want);
-    }
-    char onnx[4200];
-    snprintf(onnx, sizeof onnx, "%s/model.onnx", v->path);
-    eng_status st = eng_session_new_file(onnx, &so, &v->sess);
-    if (st != ENG_STATUS_OK) {
-        char pre[4400];
-        snprintf(pre, sizeof pre, "model '%s' version %lld: loading %s", model, (long long)version, onnx);
-        c = srv_err_from_eng(err, st, pre);
-        goto fail;
-    }
-    const eng_graph *g = eng_session_graph(v->sess);
-    if ((c = srv_bundle_sig_resolve(model, version, v->path, g, &v->sig, err)) != SRV_OK) goto fail;
-    size_t wb = 0;
-    for (int i = 0; i < g->nvalues; i++)
-        if (g->values[i].init) wb += eng_tensor_nbytes(g->values[i].init);
-    v->info = (srv_version_info){
-        .model = v->model, .version = version, .path = v->path,
-        .inputs = v->sig.inputs, .ninputs = v->sig.ninputs, .outputs = v->sig.outputs, .noutputs = v->sig.noutputs,
-        .labels = (const char *const *)v->sig.labels, .nlabels = v->sig.nlabels, .weight_bytes = wb};
-    if (ctx->batching) {
-        v->batcher = srv_batcher_new(ctx->batching, version_run, version_observe, v);
-        if (!v->batcher) {
-            c = VERR(SRV_RESOURCE_EXHAUSTED, "cannot start the batcher");
-            goto fail;
-        }
-    }
-    if ((c = version_warmup(v, err)) != SRV_OK) goto fail;
-    v->info.load_ms = (double)(srv_now_us() - t0) / 1000.0;
-    *out = v;
-    return SRV_OK;
-fail:
-    srv_version_destroy(v);
-    return c;
-}
-

@@ -4,13 +4,15 @@
  *   tensord init --arch NAME [--opt key=value ...] [--seed S] --out DIR/N
  *   tensord init --list
  *
- * The version appears atomically: everything is written into DIR/.tmp-N-<pid>/ (model.onnx through
- * eng_onnx_save_file, signature.json, zoo.json), each file and the directory are fsync'd, the directory is
- * renamed to DIR/N without replacing anything (renameat2 RENAME_NOREPLACE), then DIR is fsync'd. A failure
- * removes the temp directory. DIR/N that already exists is refused, naming it.
+ * The version appears atomically through engine/bundle.h: N must be a version name (eng_bundle_parse_version);
+ * everything is written into DIR/.tmp-N-<pid>/ (eng_bundle_stage: model.onnx through eng_onnx_save_file,
+ * signature.json, zoo.json), then eng_bundle_publish fsyncs each file and the directory, renames it to DIR/N
+ * without replacing anything and fsyncs DIR. A failure removes the temp directory. DIR/N that already exists
+ * (even empty) is refused, naming it.
  *
- * signature.json holds only what the server's strict reader accepts (signature_defs); the provenance (arch,
- * every option with its resolved value, seed, parameter count) goes to zoo.json beside it.
+ * signature.json (eng_bundle_sig_from_graph) holds only signature_defs, which the server's strict reader
+ * accepts; the provenance (arch, every option with its resolved value, seed, parameter count) goes to zoo.json
+ * beside it.
  * Exit codes: 0 written, 1 error ("error: ..." on stderr), 2 usage.
  */
 #define _GNU_SOURCE
@@ -23,6 +25,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../engine/bundle.h"
+#include "../engine/ir/file-io.h"
 #include "../engine/ir/graph.h"
 #include "../engine/ir/onnx.h"
 #include "../models/zoo.h"
@@ -59,14 +63,6 @@ static int init_name_ok(const char *s, size_t n) {
     return 1;
 }
 
-/* A plain positive integer, as the bundle reader accepts it: digits, no leading zero, fits int64. */
-static int init_version_ok(const char *s) {
-    if (!*s || *s == '0' || strlen(s) > 18) return 0;
-    for (const char *p = s; *p; p++)
-        if (*p < '0' || *p > '9') return 0;
-    return 1;
-}
-
 static int init_mkdirs(const char *dir) {
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) return -1;
@@ -84,16 +80,6 @@ static int init_mkdirs(const char *dir) {
         return -1;
     }
     return 0;
-}
-
-static int init_fsync_path(const char *path, int flags) {
-    int fd = open(path, flags | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    errno = e;
-    return rc;
 }
 
 /* Write a new file (never replacing one): text and a newline, then fsync. */
@@ -121,62 +107,6 @@ static int init_write_file(const char *path, const char *text) {
     return close(fd);
 }
 
-static void init_rm_tmp(const char *tmp) {
-    const char *files[] = {"model.onnx", "model.onnx.data", "signature.json", "zoo.json"};
-    char p[4200];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", tmp, files[i]);
-        unlink(p);
-    }
-    rmdir(tmp);
-}
-
-/* rename(2) without replacing: RENAME_NOREPLACE where the filesystem has it, else check-then-rename (rename
- * of a directory onto a non-empty one fails anyway; only an empty DIR/N created in between could be lost). */
-static int init_publish(const char *tmp, const char *vdir) {
-    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, vdir, RENAME_NOREPLACE) == 0) return 0;
-    if (errno != EINVAL && errno != ENOSYS) return -1;
-    struct stat st;
-    if (lstat(vdir, &st) == 0) {
-        errno = EEXIST;
-        return -1;
-    }
-    return rename(tmp, vdir);
-}
-
-static cJSON *init_tensor_json(const eng_value *v) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON *shape = cJSON_CreateArray();
-    if (!o || !shape) {
-        cJSON_Delete(o);
-        cJSON_Delete(shape);
-        return NULL;
-    }
-    cJSON_AddStringToObject(o, "name", v->name);
-    cJSON_AddStringToObject(o, "dtype", eng_dtype_name(v->dtype));
-    for (int i = 0; i < v->ndim; i++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)v->dims[i]));
-    cJSON_AddItemToObject(o, "shape", shape);
-    return o;
-}
-
-static char *init_signature_json(const eng_graph *g) {
-    cJSON *root = cJSON_CreateObject(), *defs = cJSON_AddObjectToObject(root, "signature_defs");
-    cJSON *sd = cJSON_AddObjectToObject(defs, "serving_default");
-    cJSON *ins = cJSON_AddObjectToObject(sd, "inputs"), *outs = cJSON_AddObjectToObject(sd, "outputs");
-    for (int i = 0; i < g->ninputs; i++) {
-        const eng_value *v = &g->values[g->inputs[i]];
-        cJSON_AddItemToObject(ins, v->name, init_tensor_json(v));
-    }
-    for (int i = 0; i < g->noutputs; i++) {
-        const eng_value *v = &g->values[g->outputs[i]];
-        cJSON_AddItemToObject(outs, v->name, init_tensor_json(v));
-    }
-    cJSON_AddStringToObject(sd, "method_name", "tensorflow/serving/predict");
-    char *s = cJSON_Print(root);
-    cJSON_Delete(root);
-    return s;
-}
-
 static char *init_zoo_json(const char *arch, const mdl_opt *opts, int nopts, uint64_t seed, int64_t params) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "arch", arch);
@@ -202,7 +132,7 @@ static int init_fail(const char *tmp, const char *fmt, const char *a, const char
     fprintf(stderr, "error: ");
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n");
-    if (tmp) init_rm_tmp(tmp);
+    if (tmp) eng_file_remove_dir(tmp);
     return 1;
 }
 
@@ -282,7 +212,8 @@ int srv_cmd_init(int argc, char **argv) {
     if (!slash) snprintf(dir, sizeof dir, ".");
     else if (slash == path) snprintf(dir, sizeof dir, "/");
     else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    if (!init_version_ok(version)) {
+    int64_t ver;
+    if (!eng_bundle_parse_version(version, &ver)) {
         rc = init_fail(NULL, "--out '%s': the last component '%s' must be a positive integer version (1, 2, ...)",
                        out, version);
         goto done;
@@ -301,44 +232,32 @@ int srv_cmd_init(int argc, char **argv) {
     }
     int64_t params = mdl_param_count(g);
     char vdir[4200], tmp[4200], file[4300];
-    int nv = snprintf(vdir, sizeof vdir, "%s/%s", dir, version);
-    int nt = snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%ld", dir, version, (long)getpid());
-    struct stat st;
-    if (nv < 0 || nt < 0 || (size_t)nv >= sizeof vdir || (size_t)nt >= sizeof tmp) {
-        rc = init_fail(NULL, "output path '%s' is too long%s", dir, "");
+    if (eng_bundle_path(vdir, sizeof vdir, dir, ver, NULL) != ENG_STATUS_OK) {
+        rc = init_fail(NULL, "%s%s", eng_last_error(), "");
     } else if (init_mkdirs(dir) != 0) {
         rc = init_fail(NULL, "cannot create model directory '%s': %s", dir, strerror(errno));
-    } else if (lstat(vdir, &st) == 0) {
-        rc = init_fail(NULL, "version directory '%s' already exists (refusing to overwrite it)%s", vdir, "");
-    } else if (errno != ENOENT) {
-        rc = init_fail(NULL, "cannot check '%s': %s", vdir, strerror(errno));
-    } else if (mkdir(tmp, 0755) != 0) {
-        rc = init_fail(NULL, "cannot create '%s': %s", tmp, strerror(errno));
+    } else if (eng_bundle_stage(dir, ver, tmp, sizeof tmp) != ENG_STATUS_OK) {
+        rc = init_fail(NULL, "%s%s", eng_last_error(), "");
     } else {
-        char *sig = init_signature_json(g), *zoo = init_zoo_json(arch, opts, nopts, seed, params);
+        char *sig = eng_bundle_sig_from_graph(g), *zoo = init_zoo_json(arch, opts, nopts, seed, params);
         /* very large models keep their weights beside model.onnx (protobuf caps one message at 2 GiB) */
         size_t threshold = params > ((int64_t)1 << 28) ? ((size_t)1 << 20) : 0;
-        snprintf(file, sizeof file, "%s/model.onnx", tmp);
+        snprintf(file, sizeof file, "%s/" ENG_BUNDLE_MODEL_FILE, tmp);
         if (!sig || !zoo) rc = init_fail(tmp, "%s%s", "out of memory", "");
         else if (eng_onnx_save_file(g, file, threshold) != ENG_STATUS_OK)
             rc = init_fail(tmp, "%s%s", eng_last_error(), "");
-        else if (snprintf(file, sizeof file, "%s/signature.json", tmp), init_write_file(file, sig) != 0)
+        else if (snprintf(file, sizeof file, "%s/" ENG_BUNDLE_SIGNATURE_FILE, tmp), init_write_file(file, sig) != 0)
             rc = init_fail(tmp, "cannot write '%s': %s", file, strerror(errno));
         else if (snprintf(file, sizeof file, "%s/zoo.json", tmp), init_write_file(file, zoo) != 0)
             rc = init_fail(tmp, "cannot write '%s': %s", file, strerror(errno));
-        else if (init_fsync_path(tmp, O_RDONLY | O_DIRECTORY) != 0)
-            rc = init_fail(tmp, "cannot fsync '%s': %s", tmp, strerror(errno));
-        else if (init_publish(tmp, vdir) != 0)
-            rc = init_fail(tmp, "cannot publish '%s': %s", vdir,
-                           errno == EEXIST ? "it already exists (refusing to overwrite it)" : strerror(errno));
-        else if (init_fsync_path(dir, O_RDONLY | O_DIRECTORY) != 0)
-            rc = init_fail(NULL, "cannot fsync '%s': %s", dir, strerror(errno));
+        else if (eng_bundle_publish(dir, ver, tmp) != ENG_STATUS_OK)
+            rc = init_fail(tmp, "%s%s", eng_last_error(), "");
         else {
             printf("wrote %s (arch %s, %lld parameters, seed %llu)\n", vdir, arch, (long long)params,
                    (unsigned long long)seed);
             rc = 0;
         }
-        cJSON_free(sig);
+        free(sig);
         cJSON_free(zoo);
     }
     eng_graph_free(&g);

@@ -1,6 +1,7 @@
 /* registry.c - the model registry: configured models, their versions' states, polling base paths, loading,
  * hot swap, labels, status, and the request path's acquire. The version object itself (load, warm-up,
- * predict, release) lives in bundle.c.
+ * predict, release) lives in version.c; reading a base path and signature.json in bundle.c (over
+ * engine/bundle.c's version-name rule and scan).
  *
  * Locks (poll_mu before thr_mu or mu; thr_mu and mu are never held together):
  *   poll_mu  serialises scans/loads (srv_registry_poll). Held for the whole poll, loads included; the request
@@ -32,6 +33,7 @@
 
 #include "bundle.h"
 #include "metrics.h"
+#include "version.h"
 
 #define KEEP_ENDED 32 /* END entries of versions gone from disk kept for status */
 

@@ -1,6 +1,7 @@
-/* file-io.c - bounded whole-file reads and atomic writes (see file-io.h). */
+/* file-io.c - bounded whole-file reads, atomic writes, fsync by path, flat directory removal (see file-io.h). */
 #include "file-io.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -61,6 +62,34 @@ char *eng_file_dirname(const char *path) {
     else d[0] = '.';
     d[n] = '\0';
     return d;
+}
+
+eng_status eng_file_sync(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return eng_err(ENG_STATUS_IO, "cannot open '%s' to fsync it: %s", path, strerror(errno));
+    struct stat sb;
+    int is_dir = fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode);
+    int rc = fsync(fd), e = errno;
+    close(fd);
+    if (rc != 0 && !(is_dir && e == EINVAL))
+        return eng_err(ENG_STATUS_IO, "fsync of %s '%s': %s", is_dir ? "directory" : "file", path, strerror(e));
+    return ENG_STATUS_OK;
+}
+
+void eng_file_remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    size_t cap = strlen(dir) + 258;
+    char *p = malloc(cap);
+    while (p && (e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(p, cap, "%s/%s", dir, e->d_name);
+        if (unlink(p) != 0 && errno == EISDIR) rmdir(p);
+    }
+    free(p);
+    closedir(d);
+    rmdir(dir);
 }
 
 eng_status eng_atomic_open(eng_atomic_file *f, const char *path) {

@@ -1,5 +1,6 @@
 /* file-io.h - whole-file reads with size limits and atomic writes (temp file in the same directory, fsync,
- * rename, fsync of the directory). Used by the ONNX and npy readers/writers.
+ * rename, fsync of the directory), plus fsync by path and flat directory removal. Used by the ONNX and npy
+ * readers/writers, the bundle writer (engine/bundle.c) and the trainer's checkpoints.
  *
  * Invariants: a reader never allocates more than the file's size (bounded by `limit`); a writer never leaves a
  * partial file at the destination path: either the old file or the complete new one is visible, and on failure
@@ -18,6 +19,12 @@ eng_status eng_file_read(const char *path, size_t limit, uint8_t **buf, size_t *
 
 /* Directory part of path ("." if none, "/" for "/x"), malloc'd; NULL on allocation failure. */
 char *eng_file_dirname(const char *path);
+
+/* fsync a file or a directory by path. A directory's EINVAL (filesystems that cannot sync one) is not an error. */
+eng_status eng_file_sync(const char *path);
+/* Remove the entries directly in dir (files, empty subdirectories), then dir itself. Not recursive; failures
+ * are ignored (it cleans up after an error, e.g. a half-written version or checkpoint directory). */
+void eng_file_remove_dir(const char *dir);
 
 typedef struct eng_atomic_file {
     int fd;     /* -1 when closed */

@@ -77,16 +77,6 @@ static int64_t fail_after(void) {
 
 static int64_t written_total; /* bytes written through trn_write_file by this process (test hook only) */
 
-eng_status trn_fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return eng_err(ENG_STATUS_IO, "cannot open directory '%s': %s", dir, strerror(errno));
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc != 0 && e != EINVAL) return eng_err(ENG_STATUS_IO, "fsync of directory '%s': %s", dir, strerror(e));
-    return ENG_STATUS_OK;
-}
-
 eng_status trn_write_file(const char *path, const void *buf, size_t n) {
     size_t pl = strlen(path);
     char *tmp = malloc(pl + 32);
@@ -133,7 +123,7 @@ eng_status trn_write_file(const char *path, const void *buf, size_t n) {
     free(tmp);
     char *dir = eng_file_dirname(path);
     if (!dir) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
-    eng_status st = trn_fsync_dir(dir);
+    eng_status st = eng_file_sync(dir);
     free(dir);
     return st;
 }
@@ -447,18 +437,4 @@ void trn_ckpt_prune(const char *dir, int keep) {
         snprintf(p, sizeof p, "%s/ckpt-%lld.bin", dir, (long long)steps[i]);
         unlink(p);
     }
-}
-
-void trn_ckpt_remove_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4400];
-    while ((e = readdir(d))) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
 }

@@ -76,8 +76,6 @@ typedef struct trn_ckpt_tensor {
  * Test hook: TENSORD_TEST_FAIL_WRITE_AFTER=N in the environment makes writes fail with ENOSPC once the
  * process has written N bytes through this function (simulates a full disk deterministically). */
 eng_status trn_write_file(const char *path, const void *buf, size_t n);
-/* fsync a directory by path. */
-eng_status trn_fsync_dir(const char *dir);
 
 /* Checkpoint file: "TDCKPT01", format version, state, tensors by name, optimizer bytes, CRC-32 of all. */
 eng_status trn_ckpt_write(const char *path, const trn_state *st, const trn_ckpt_tensor *t, int nt, const void *optim,
@@ -89,8 +87,6 @@ eng_status trn_ckpt_read(const char *path, trn_state *st, trn_ckpt_tensor *t, in
 eng_status trn_ckpt_latest(const char *dir, char *path, size_t cap, int *found);
 /* Remove all ckpt-*.bin in dir except the newest `keep`. */
 void trn_ckpt_prune(const char *dir, int keep);
-/* Remove the checkpoint directory and its files. */
-void trn_ckpt_remove_dir(const char *dir);
 
 /* ---- the trainer ---- */
 

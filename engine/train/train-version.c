@@ -1,29 +1,23 @@
 /* train-version.c - writing the trained model as version N+1 of the bundle, atomically (see train.h).
  *
- * Everything is built in <base>/.tmp-<N+1>-<pid>/: model.onnx (the base graph with the trained initializer
- * values and BatchNorm running statistics), metrics.json (with "preprocessing": what eng_dataset_fit did to
- * each column), signature.json (the base's, if any). Each file is fsync'd, then the directory, then it is rename()d to <base>/<N+1> and the
- * base directory is fsync'd. On any error the temp directory and what it holds are removed, so readers see a
- * complete version or none. JSON is written with cJSON (NaN becomes null).
+ * Everything is built in the directory engine/bundle.c stages, <base>/.tmp-<N+1>-<pid>/: model.onnx (the base
+ * graph with the trained initializer values and BatchNorm running statistics), metrics.json (with
+ * "preprocessing": what eng_dataset_fit did to each column), signature.json (the base's, if any, with the same
+ * "preprocessing"; eng_bundle_sig_derive). Each file is written atomically; eng_bundle_publish then fsyncs them
+ * and the directory, renames it to <base>/<N+1> without replacing anything and fsyncs the base. On any error
+ * the temp directory and what it holds are removed, so readers see a complete version or none. JSON is
+ * written with cJSON (NaN becomes null).
  */
 #include <cjson/cJSON.h>
-#include <dirent.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "../bundle.h"
 #include "../ir/file-io.h"
 #include "../ir/onnx.h"
 #include "train-impl.h"
-
-/* The server's signature.json reader (server/bundle.c) refuses keys other than signature_defs, labels,
- * labels_file and precision, so the preprocessing description goes to metrics.json; set this to 1 once the
- * reader accepts a "preprocessing" key to record it in signature.json as well. */
-#define TRN_SIGNATURE_PREPROCESSING 1
 
 static cJSON *num(double v) { return cJSON_CreateNumber(isfinite(v) ? v : NAN); }
 
@@ -99,44 +93,6 @@ char *trn_metrics_json(const trn_ctx *c) {
     return txt;
 }
 
-/* signature.json: the base version's (if it parses as an object), with "preprocessing" set when
- * TRN_SIGNATURE_PREPROCESSING; NULL with *st OK when there is nothing to write. */
-static char *signature_json(const trn_ctx *c, eng_status *st) {
-    *st = ENG_STATUS_OK;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%lld/signature.json", c->base, (long long)c->base_version);
-    cJSON *root = NULL;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (access(path, F_OK) == 0) {
-        if (eng_file_read(path, (size_t)64 << 20, &buf, &len) != ENG_STATUS_OK) {
-            *st = ENG_STATUS_IO;
-            return NULL;
-        }
-        root = cJSON_ParseWithLength((const char *)buf, len);
-        free(buf);
-        if (!root || !cJSON_IsObject(root)) {
-            cJSON_Delete(root);
-            *st = eng_err(ENG_STATUS_INVALID_ARGUMENT, "'%s' is not a JSON object", path);
-            return NULL;
-        }
-    } else if (TRN_SIGNATURE_PREPROCESSING) {
-        root = cJSON_CreateObject();
-    } else {
-        return NULL;
-    }
-    if (TRN_SIGNATURE_PREPROCESSING) {
-        cJSON_DeleteItemFromObject(root, "preprocessing");
-        cJSON *pre = cJSON_Parse(c->preprocessing);
-        if (!pre) pre = cJSON_CreateString(c->preprocessing);
-        cJSON_AddItemToObject(root, "preprocessing", pre);
-    }
-    char *txt = cJSON_Print(root);
-    cJSON_Delete(root);
-    if (!txt) *st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
-    return txt;
-}
-
 static eng_status write_text(const char *dir, const char *name, const char *txt) {
     char p[4400];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -145,12 +101,8 @@ static eng_status write_text(const char *dir, const char *name, const char *txt)
 
 eng_status trn_write_version(trn_ctx *c, eng_train_result *res) {
     char tmp[4300], dst[4300], p[4400];
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%lld-%d", c->base, (long long)c->new_version, (int)getpid());
-    snprintf(dst, sizeof dst, "%s/%lld", c->base, (long long)c->new_version);
-    if (access(dst, F_OK) == 0)
-        return eng_err(ENG_STATUS_IO, "version directory '%s' already exists (written by another run?)", dst);
-    trn_ckpt_remove_dir(tmp); /* flat directory: files, then the dir */
-    if (mkdir(tmp, 0755) != 0) return eng_err(ENG_STATUS_IO, "cannot create '%s': %s", tmp, strerror(errno));
+    ENG_TRY(eng_bundle_path(dst, sizeof dst, c->base, c->new_version, NULL));
+    ENG_TRY(eng_bundle_stage(c->base, c->new_version, tmp, sizeof tmp));
     eng_status st = ENG_STATUS_OK;
     /* the base graph with the trained values */
     eng_graph *g = eng_graph_clone(c->g0);
@@ -167,7 +119,7 @@ eng_status trn_write_version(trn_ctx *c, eng_train_result *res) {
         memcpy(g->values[v].init->data, src, (size_t)tp->n * sizeof(float));
     }
     if (st == ENG_STATUS_OK) {
-        snprintf(p, sizeof p, "%s/model.onnx", tmp);
+        snprintf(p, sizeof p, "%s/" ENG_BUNDLE_MODEL_FILE, tmp);
         st = eng_onnx_save_file(g, p, (size_t)1 << 30);
     }
     eng_graph_free(&g);
@@ -177,19 +129,16 @@ eng_status trn_write_version(trn_ctx *c, eng_train_result *res) {
         free(m);
     }
     if (st == ENG_STATUS_OK) {
-        char *s = signature_json(c, &st);
-        if (s) st = write_text(tmp, "signature.json", s);
+        char *s = NULL;
+        st = eng_bundle_sig_derive(c->base, c->base_version, c->preprocessing, &s);
+        if (st == ENG_STATUS_OK) st = write_text(tmp, ENG_BUNDLE_SIGNATURE_FILE, s);
         free(s);
     }
-    if (st == ENG_STATUS_OK) st = trn_fsync_dir(tmp);
-    if (st == ENG_STATUS_OK && rename(tmp, dst) != 0)
-        st = eng_err(ENG_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, dst, strerror(errno));
+    if (st == ENG_STATUS_OK) st = eng_bundle_publish(c->base, c->new_version, tmp);
     if (st != ENG_STATUS_OK) {
-        trn_ckpt_remove_dir(tmp); /* flat directory: files, then the dir */
+        eng_file_remove_dir(tmp); /* a no-op once renamed (only the base's fsync failed) */
         return eng_err_prefix(st, "writing version %lld: ", (long long)c->new_version);
     }
-    st = trn_fsync_dir(c->base);
-    if (st != ENG_STATUS_OK) return st;
     res->version = c->new_version;
     if (snprintf(res->path, sizeof res->path, "%s", dst) >= (int)sizeof res->path) res->path[sizeof res->path - 1] = 0;
     return ENG_STATUS_OK;

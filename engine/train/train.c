@@ -6,7 +6,6 @@
  * loader -> resume from the newest checkpoint if asked. State tensors (trainable params, then BatchNorm running
  * statistics) live in trainer-owned buffers and are fed to every run as inputs.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,29 +16,11 @@
 #include <unistd.h>
 
 #include "autodiff.h"
+#include "../bundle.h"
+#include "../ir/file-io.h"
 #include "../ir/onnx.h"
 #include "train-impl.h"
 #include "../../kernels/krn-grad.h"
-
-/* Highest plain-integer directory name under base (0 if none). */
-static eng_status scan_versions(const char *base, int64_t *highest) {
-    *highest = 0;
-    DIR *d = opendir(base);
-    if (!d) return eng_err(ENG_STATUS_NOT_FOUND, "model base path '%s': %s", base, strerror(errno));
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        const char *s = e->d_name;
-        if (!*s || strlen(s) > 18) continue;
-        int ok = 1;
-        for (const char *p = s; *p; p++)
-            if (*p < '0' || *p > '9') ok = 0;
-        if (!ok) continue;
-        int64_t v = strtoll(s, NULL, 10);
-        if (v > *highest) *highest = v;
-    }
-    closedir(d);
-    return ENG_STATUS_OK;
-}
 
 static eng_status ensure_in_list(int **list, int *n, int v) {
     for (int i = 0; i < *n; i++)
@@ -176,13 +157,13 @@ static eng_status build(trn_ctx *c) {
     const eng_train_opts *o = c->o;
     if (snprintf(c->base, sizeof c->base, "%s", o->model_base_path) >= (int)sizeof c->base)
         return eng_err(ENG_STATUS_INVALID_ARGUMENT, "model base path too long");
-    int64_t highest;
-    ENG_TRY(scan_versions(c->base, &highest));
+    int64_t highest; /* version names as the server reads them: "007" or "3.bak" are not versions */
+    ENG_TRY(eng_bundle_latest(c->base, &highest));
     c->base_version = o->base_version > 0 ? o->base_version : highest;
     if (c->base_version <= 0) return eng_err(ENG_STATUS_NOT_FOUND, "no version directory under '%s'", c->base);
     c->new_version = (highest > c->base_version ? highest : c->base_version) + 1;
     char path[4300];
-    snprintf(path, sizeof path, "%s/%lld/model.onnx", c->base, (long long)c->base_version);
+    ENG_TRY(eng_bundle_path(path, sizeof path, c->base, c->base_version, ENG_BUNDLE_MODEL_FILE));
     ENG_TRY(eng_onnx_load_file(path, &c->g0));
     eng_graph *g0 = c->g0;
     if (g0->noutputs < 1) return eng_err(ENG_STATUS_INVALID_MODEL, "model '%s' has no outputs", path);
@@ -583,7 +564,7 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
         st = trn_write_version(&c, res);
     }
     if (st == ENG_STATUS_OK) {
-        if (!c.stopped_by_max_steps) trn_ckpt_remove_dir(c.ckpt_dir);
+        if (!c.stopped_by_max_steps) eng_file_remove_dir(c.ckpt_dir);
         res->epochs_run = (int)c.st.nepochs;
         res->steps = c.st.global_step;
         if (c.st.nepochs > 0) {

@@ -3,10 +3,11 @@
  * eng_train loads version `base_version` of the model under model_base_path, builds the training graph
  * (training behaviour for Dropout/BatchNorm -> loss -> autodiff over the trainable parameters), feeds batches
  * from the data pipeline, applies the optimizer, evaluates on the validation set after every epoch, and
- * writes version N+1 atomically: built in <base>/.tmp-<N+1>-<pid>/ (model.onnx: the same graph with the new
- * weights; metrics.json: per-epoch loss/accuracy for train and validation plus the run's settings;
- * signature.json recording the input preprocessing), fsync'd, then rename()d to <base>/<N+1>. On any error
- * (including ENOSPC) the temp dir is removed and no version directory appears.
+ * writes version N+1 atomically through engine/bundle.h: built in <base>/.tmp-<N+1>-<pid>/ (model.onnx: the same
+ * graph with the new weights; metrics.json: per-epoch loss/accuracy for train and validation plus the run's
+ * settings; signature.json recording the input preprocessing), fsync'd, then rename()d to <base>/<N+1>. On any
+ * error (including ENOSPC) the temp dir is removed and no version directory appears. Version names follow the
+ * bundle rule (eng_bundle_parse_version): a stray "007/" or "3.bak/" is neither a base nor counted for N.
  *
  * Checkpoints go to <base>/.train-<N+1>/ckpt-<step>.bin every checkpoint_every steps and at each epoch end
  * (weights, optimizer state, BN statistics, epoch/step, RNG state, metrics so far; written atomically).
@@ -29,7 +30,7 @@
 
 typedef struct eng_train_opts {
     const char *model_base_path;
-    int64_t base_version;          /* 0: the highest version present */
+    int64_t base_version;          /* 0: the highest version present (eng_bundle_latest) */
     const char *const *data_files; /* joined into one dataset (engine/data/data.h) */
     int ndata;
     const char *const *val_files;  /* optional separate validation data (else val_split) */

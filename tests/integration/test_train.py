@@ -151,6 +151,31 @@ def test_train_writes_next_version(tensord_bin, tmp_path):
     assert json.load(open(os.path.join(base, "3", "metrics.json")))["base_version"] == 2
 
 
+def test_version_names_follow_the_bundle_rule(tensord_bin, tmp_path):
+    """Names the server ignores are not versions for the trainer either (engine/bundle.c's one rule): with 1/ and
+    a stray 007/ (and other non-version names) in the base path, training bases on 1 and writes 2 (a scan that
+    read "007" as 7 would base on 7/, which does not exist, or write 8)."""
+    base = str(tmp_path / "m")
+    init(tensord_bin, base)
+    for name in ("007", "+5", "3.bak", ".tmp-9-1"):
+        os.mkdir(os.path.join(base, name))
+    shutil.copy(os.path.join(base, "1", "model.onnx"), os.path.join(base, "007", "model.onnx"))
+    data = blobs(str(tmp_path / "d.npz"))
+    cp = train(tensord_bin, base, data, "--epochs", 1)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.splitlines()[0] == os.path.join(base, "2"), cp.stdout
+    assert json.load(open(os.path.join(base, "2", "metrics.json")))["base_version"] == 1
+    assert sorted(os.listdir(base)) == sorted(["1", "2", "007", "+5", "3.bak", ".tmp-9-1", "logs"]), os.listdir(base)
+    assert os.listdir(os.path.join(base, "007")) == ["model.onnx"], "the stray directory is left alone"
+    # a plain file with a version name is not a version either: the next run bases on 2 and writes 3
+    with open(os.path.join(base, "12"), "w") as f:
+        f.write("a file, not a version directory")
+    cp = train(tensord_bin, base, data, "--epochs", 1)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.splitlines()[0] == os.path.join(base, "3"), cp.stdout
+    assert json.load(open(os.path.join(base, "3", "metrics.json")))["base_version"] == 2
+
+
 def test_resume_equals_uninterrupted(tensord_bin, tmp_path):
     data = blobs(str(tmp_path / "d.npz"))
     a, b, c = (str(tmp_path / n) for n in "abc")

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/ir/file-io.h"
 #include "engine/train/allreduce.h"
 #include "engine/train/train-impl.h"
 
@@ -244,7 +245,7 @@ Test(checkpoint, latest_and_prune, .init = mk_tmp, .fini = rm_tmp) {
     cr_assert_eq(access(path, F_OK), 0);
     snprintf(path, sizeof path, "%s/ckpt-9.bin", tmpdir);
     cr_assert_neq(access(path, F_OK), 0);
-    trn_ckpt_remove_dir(tmpdir);
+    eng_file_remove_dir(tmpdir);
     cr_assert_neq(access(tmpdir, F_OK), 0);
     cr_assert_eq(mkdir(tmpdir, 0755), 0); /* for .fini */
     trn_state_free(&s);
