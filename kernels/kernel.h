@@ -25,11 +25,30 @@ typedef struct krn_call {
     unsigned const_mask;    /* bit i set: input i holds the same data on every run (weights): init may pack it */
 } krn_call;
 
+/* What a kernel's init chose, for profiles and slow-path warnings (kernels know no node names; the planner
+ * adds them). */
+typedef struct krn_impl_info {
+    char impl[192];  /* implementation and layouts, e.g. "jit:avx512_core src aBcd16b wei ABcd16b16a dst aBcd16b" */
+    int slow;        /* a reference implementation where a fast one should exist (oneDNN "ref", scalar loops) */
+    int reorders;    /* layout conversions this kernel runs on every exec */
+} krn_impl_info;
+
+/* Copy src into dst[cap], truncating; dst is always NUL-terminated. */
+static inline void krn_str_copy(char *dst, size_t cap, const char *src) {
+    size_t n = 0;
+    if (!cap) return;
+    while (src[n] && n + 1 < cap) n++;
+    for (size_t i = 0; i < n; i++) dst[i] = src[i];
+    dst[n] = 0;
+}
+
 typedef struct krn_kernel {
     const char *name;
     eng_status (*init)(krn_call *c); /* may be NULL */
     eng_status (*exec)(krn_call *c);
     void (*free_state)(void *state); /* may be NULL */
+    /* Fill *info from the state init left (state may be NULL: no init, or a reference path). May be NULL. */
+    void (*describe)(const krn_call *c, krn_impl_info *info);
 } krn_kernel;
 
 typedef struct krn_backend {

@@ -114,6 +114,7 @@ typedef struct krn_binary_params {
     int b_override;              /* 1: view input 1 with b_dims (ONNX < 7 `broadcast`/`axis`, PRelu < 7) */
     int b_ndim;
     int64_t b_dims[ENG_MAX_DIMS];
+    int layout;                  /* krn_nn_layout of the 4-D output and of every input shaped like it */
 } krn_binary_params;
 
 typedef struct krn_variadic_params {

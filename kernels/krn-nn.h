@@ -25,6 +25,8 @@ typedef enum krn_nn_act {
     KRN_NN_ACT_GELU_ERF = 6,
     KRN_NN_ACT_GELU_TANH = 7,
     KRN_NN_ACT_ELU = 8,          /* alpha */
+    KRN_NN_ACT_SWISH = 9,        /* x * sigmoid(alpha * x) (SiLU: alpha = 1) */
+    KRN_NN_ACT_HARD_SWISH = 10,  /* x * max(0, min(1, x / 6 + 1 / 2)) */
 } krn_nn_act;
 
 typedef struct krn_nn_act_params {
@@ -81,7 +83,8 @@ typedef struct krn_pool_params {
     int count_include_pad;
     int storage_order;                       /* MaxPool Indices: 0 row-major, 1 column-major */
     float p;                                 /* LpPool exponent */
-    int x_layout;                            /* krn_nn_layout of X (Y is always plain) */
+    int x_layout;                            /* krn_nn_layout of X */
+    int y_layout;                            /* krn_nn_layout of Y (BLOCKED only with a BLOCKED X) */
 } krn_pool_params;
 
 /* MatMul / Gemm / com.tensord FusedMatMul / FusedGemm: Y = act(alpha * op(A) op(B) + beta * C).
@@ -121,6 +124,20 @@ eng_status krn_dnnl_prim(const void *op_desc, dnnl_post_ops_t po, const krn_nn_a
 /* Reorder src (memory desc + data) into a freshly eng_alloc'd buffer laid out as dst_md. */
 eng_status krn_dnnl_reorder_new(const dnnl_memory_desc_t *src_md, const void *src, const dnnl_memory_desc_t *dst_md,
                                 void **dst_out);
+/* The implementation oneDNN chose for pd ("jit:avx512_core", "ref:any", ...); "?" if it cannot say. */
+const char *krn_dnnl_impl_name(const_dnnl_primitive_desc_t pd);
+/* 1 if pd runs one of oneDNN's reference (scalar, untuned) implementations. */
+int krn_dnnl_is_ref(const_dnnl_primitive_desc_t pd);
+/* A memory desc's layout in oneDNN's tag notation ("abcd", "aBcd16b", "wino"). */
+void krn_dnnl_md_str(const dnnl_memory_desc_t *md, char *buf, size_t cap);
+/* A layout conversion run on every exec (a counted reorder): init once with both descs, run with the data. */
+typedef struct krn_dnnl_reorder {
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, dst;
+} krn_dnnl_reorder;
+eng_status krn_dnnl_reorder_init(krn_dnnl_reorder *r, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to);
+eng_status krn_dnnl_reorder_run(krn_dnnl_reorder *r, dnnl_stream_t stream, const void *from, void *to);
+void krn_dnnl_reorder_free(krn_dnnl_reorder *r); /* safe on a zeroed or already freed struct */
 #endif
 
 /* Apply an activation in place on n floats (reference/fallback paths). */

@@ -153,6 +153,7 @@ static eng_status binary_prepare(eng_op_ctx *c) {
         if (!strcmp(ew_binary_ops[i].name, n->op_type)) break;
     if (i == nops) return eng_err(ENG_STATUS_INTERNAL, "%s is not a binary eltwise op", n->op_type);
     p->k.op = ew_binary_ops[i].op;
+    p->k.layout = (int)eng_node_attr_int(n, "layout", 0); /* set by engine/plan/fuse.c's layout pass */
     p->classes = ew_binary_ops[i].classes;
     p->cmp = ew_binary_ops[i].cmp;
     if (p->k.op == KRN_BIN_MOD && eng_node_attr_int(n, "fmod", 0)) p->k.op = KRN_BIN_FMOD;

@@ -237,6 +237,7 @@ static eng_status nn_pool_prepare_common(eng_op_ctx *c, int kind, int global) {
         if (a) p->k.p = a->type == ENG_ATTR_FLOAT ? a->f : (float)a->i;
     }
     p->k.x_layout = (int)eng_node_attr_int(n, "x_layout", 0);
+    p->k.y_layout = (int)eng_node_attr_int(n, "y_layout", 0);
     if (global) return ENG_STATUS_OK;
     ENG_TRY(nn_parse_auto_pad(n, &p->auto_pad));
     ENG_TRY(nn_ints_attr(n, "kernel_shape", p->kshape, KRN_NN_MAX_SPATIAL, &p->nkshape));

@@ -6,10 +6,11 @@
  *   Conv -> Add(per-channel/scalar constant)            => Conv with the constant folded into B
  *   Conv -> Add(other tensor)                           => FusedConv(X, W, B, Z)   (residual, oneDNN binary post-op)
  *   Conv/FusedConv -> activation                        => FusedConv(act)          (Relu, LeakyRelu, Clip, Sigmoid,
- *                                                          Tanh, HardSigmoid, Elu, Gelu)
+ *                                                          Tanh, HardSigmoid, HardSwish, Elu, Gelu)
  *   MatMul(B const 2-D) -> Add(bias const, N elements)  => FusedMatMul(A, B, bias)
- *   MatMul(B const) / FusedMatMul / Gemm -> activation  => FusedMatMul / FusedGemm(act), including the exported
- *                                                          erf-Gelu subgraph x*0.5*(1+erf(x/sqrt(2))) in its usual forms
+ *   MatMul(B const) / FusedMatMul / Gemm -> activation  => FusedMatMul / FusedGemm(act)
+ *   activations written as elementwise chains (SiLU x*sigmoid(x), Gelu's erf and tanh forms, HardSwish), found by
+ *   evaluating the chain (fuse-act.c), fuse into convs and matmuls like the single-node ones
  * Fused ops live in domain "com.tensord" (engine/ops/nn.c) and carry attrs act/act_alpha/act_beta.
  * Invariants: node names, graph inputs and outputs are untouched; the fused node takes the position of the LAST
  * node of its pattern (so every input it reads, e.g. a residual branch, is produced before it); removed nodes are
@@ -25,11 +26,7 @@
 #include "../../kernels/krn-nn.h"
 #include "fuse.h"
 
-typedef struct fz_ctx {
-    eng_graph *g;
-    unsigned char *dead; /* per node */
-    int changed;
-} fz_ctx;
+#include "fuse-impl.h"
 
 static char *fz_strdup(const char *s) {
     size_t n = strlen(s);
@@ -52,7 +49,7 @@ static int fz_subgraph_uses(const eng_graph *sg, const char *name) {
 }
 
 /* Number of uses of value v: node inputs (live nodes), graph outputs, and subgraph references (each counts 1). */
-static int fz_uses(const fz_ctx *z, int v) {
+int fz_uses(const fz_ctx *z, int v) {
     const eng_graph *g = z->g;
     int n = 0;
     for (int i = 0; i < g->nnodes; i++) {
@@ -67,7 +64,7 @@ static int fz_uses(const fz_ctx *z, int v) {
 }
 
 /* The single live consumer node of v (and v must be used exactly once), else -1. */
-static int fz_sole_consumer(const fz_ctx *z, int v) {
+int fz_sole_consumer(const fz_ctx *z, int v) {
     if (v < 0 || fz_uses(z, v) != 1) return -1;
     for (int i = 0; i < z->g->nnodes; i++) {
         if (z->dead[i]) continue;
@@ -78,31 +75,26 @@ static int fz_sole_consumer(const fz_ctx *z, int v) {
     return -1;
 }
 
-static int fz_is_graph_input(const eng_graph *g, int v) {
+int fz_is_graph_input(const eng_graph *g, int v) {
     for (int i = 0; i < g->ninputs; i++)
         if (g->inputs[i] == v) return 1;
     return 0;
 }
 
 /* Constant float32 initializer (not overridable by the caller)? */
-static const eng_tensor *fz_const_f32(const eng_graph *g, int v) {
+const eng_tensor *fz_const_f32(const eng_graph *g, int v) {
     if (v < 0 || !g->values[v].init || fz_is_graph_input(g, v)) return NULL;
     const eng_tensor *t = g->values[v].init;
     return t->dtype == ENG_DTYPE_F32 && t->data ? t : NULL;
 }
 
-static int fz_is_op(const eng_node *n, const char *op) { return !strcmp(n->op_type, op) && !n->domain[0]; }
+int fz_is_op(const eng_node *n, const char *op) { return !strcmp(n->op_type, op) && !n->domain[0]; }
 
 /* Node has exactly one real output (others omitted). */
-static int fz_one_output(const eng_node *n) {
+int fz_one_output(const eng_node *n) {
     for (int i = 1; i < n->nout; i++)
         if (n->outputs[i] >= 0) return 0;
     return n->nout >= 1 && n->outputs[0] >= 0;
-}
-
-static int fz_scalar_is(const eng_graph *g, int v, double want, double tol) {
-    const eng_tensor *t = fz_const_f32(g, v);
-    return t && eng_tensor_numel(t) == 1 && fabs(((const float *)t->data)[0] - want) <= tol;
 }
 
 /* A float32 initializer we may overwrite: in place when only `node` uses it, else a fresh copy. Returns the value
@@ -227,7 +219,8 @@ static int fz_activation(const eng_graph *g, const eng_node *n, krn_nn_act_param
         a->kind = KRN_NN_ACT_HARD_SIGMOID;
         a->alpha = eng_node_attr_float(n, "alpha", 0.2f);
         a->beta = eng_node_attr_float(n, "beta", 0.5f);
-    } else if (!strcmp(n->op_type, "Gelu")) {
+    } else if (!strcmp(n->op_type, "HardSwish")) a->kind = KRN_NN_ACT_HARD_SWISH;
+    else if (!strcmp(n->op_type, "Gelu")) {
         const char *ap = eng_node_attr_str(n, "approximate", "none");
         a->kind = !strcmp(ap, "tanh") ? KRN_NN_ACT_GELU_TANH : KRN_NN_ACT_GELU_ERF;
     } else if (!strcmp(n->op_type, "Clip")) {
@@ -383,12 +376,18 @@ static eng_status fz_conv(fz_ctx *z, int ci) {
         break;
     }
     /* 3. activation */
-    int c = fz_sole_consumer(z, g->nodes[ci].outputs[0]);
+    int c = fz_sole_consumer(z, g->nodes[ci].outputs[0]), pat[16], np = 0, fin;
     if (c >= 0 && fz_activation(g, &g->nodes[c], &act) && g->nodes[c].inputs[0] == g->nodes[ci].outputs[0]) {
         g->nodes[ci].outputs[0] = g->nodes[c].outputs[0];
         z->dead[c] = 1;
         fz_move_node(z, ci, c);
         ci = c;
+        fused = 1;
+    } else if ((fin = fz_match_act_chain(z, g->nodes[ci].outputs[0], &act, pat, &np, 16)) >= 0) {
+        g->nodes[ci].outputs[0] = g->nodes[fin].outputs[0];
+        for (int i = 0; i < np; i++) z->dead[pat[i]] = 1;
+        fz_move_node(z, ci, fin);
+        ci = fin;
         fused = 1;
     }
     if (!fused) return ENG_STATUS_OK;
@@ -404,68 +403,6 @@ static eng_status fz_conv(fz_ctx *z, int ci) {
 }
 
 /* ------------------------------------------------------------ MatMul / Gemm */
-
-/* Erf-Gelu subgraph hanging off x; on match returns the final node index and lists the pattern's nodes. */
-static int fz_match_erf_gelu(const fz_ctx *z, int x, int *nodes, int *nn) {
-    const eng_graph *g = z->g;
-    if (fz_uses(z, x) != 2) return -1;
-    int cons[2], k = 0;
-    for (int i = 0; i < g->nnodes && k < 2; i++) {
-        if (z->dead[i]) continue;
-        for (int j = 0; j < g->nodes[i].nin; j++)
-            if (g->nodes[i].inputs[j] == x) {
-                cons[k++] = i;
-                break;
-            }
-    }
-    if (k != 2) return -1;
-    for (int pick = 0; pick < 2; pick++) {
-        int si = cons[pick], pi = cons[1 - pick];
-        const eng_node *s = &g->nodes[si], *p = &g->nodes[pi];
-        if (s->nin != 2 || s->inputs[0] != x || !fz_one_output(s)) continue;
-        int sc_ok = (fz_is_op(s, "Div") && fz_scalar_is(g, s->inputs[1], 1.41421356, 2e-3)) ||
-                    (fz_is_op(s, "Mul") && fz_scalar_is(g, s->inputs[1], 0.70710678, 1e-3));
-        if (!sc_ok || !fz_is_op(p, "Mul") || p->nin != 2 || !fz_one_output(p)) continue;
-        int ei = fz_sole_consumer(z, s->outputs[0]);
-        if (ei < 0 || !fz_is_op(&g->nodes[ei], "Erf") || !fz_one_output(&g->nodes[ei])) continue;
-        int ai = fz_sole_consumer(z, g->nodes[ei].outputs[0]);
-        if (ai < 0 || !fz_is_op(&g->nodes[ai], "Add") || g->nodes[ai].nin != 2 || !fz_one_output(&g->nodes[ai])) continue;
-        const eng_node *an = &g->nodes[ai];
-        int one = an->inputs[0] == g->nodes[ei].outputs[0] ? an->inputs[1] : an->inputs[0];
-        if (!fz_scalar_is(g, one, 1.0, 1e-6)) continue;
-        int a = an->outputs[0];
-        int pother = p->inputs[0] == x ? p->inputs[1] : p->inputs[0];
-        int fin = -1, mid = -1;
-        if (pother == a) { /* m = x * (1 + erf); y = m * 0.5 */
-            int qi = fz_sole_consumer(z, p->outputs[0]);
-            if (qi < 0 || !fz_is_op(&g->nodes[qi], "Mul") || g->nodes[qi].nin != 2) continue;
-            const eng_node *q = &g->nodes[qi];
-            int half = q->inputs[0] == p->outputs[0] ? q->inputs[1] : q->inputs[0];
-            if (!fz_scalar_is(g, half, 0.5, 1e-6) || !fz_one_output(q)) continue;
-            fin = qi;
-        } else if (fz_scalar_is(g, pother, 0.5, 1e-6)) { /* h = x * 0.5; y = h * (1 + erf) */
-            int qi = fz_sole_consumer(z, p->outputs[0]);
-            if (qi < 0 || qi != fz_sole_consumer(z, a) || !fz_is_op(&g->nodes[qi], "Mul") || !fz_one_output(&g->nodes[qi]))
-                continue;
-            fin = qi;
-        } else { /* h = (1 + erf) * 0.5; y = x * h */
-            int hi = fz_sole_consumer(z, a);
-            if (hi < 0 || !fz_is_op(&g->nodes[hi], "Mul") || g->nodes[hi].nin != 2 || !fz_one_output(&g->nodes[hi])) continue;
-            const eng_node *h = &g->nodes[hi];
-            int half = h->inputs[0] == a ? h->inputs[1] : h->inputs[0];
-            if (!fz_scalar_is(g, half, 0.5, 1e-6) || pother != h->outputs[0]) continue;
-            mid = hi;
-            fin = pi;
-        }
-        k = 0;
-        nodes[k++] = si, nodes[k++] = ei, nodes[k++] = ai, nodes[k++] = pi;
-        if (mid >= 0) nodes[k++] = mid;
-        if (fin != pi) nodes[k++] = fin;
-        *nn = k;
-        return fin;
-    }
-    return -1;
-}
 
 static eng_status fz_matmul(fz_ctx *z, int mi) {
     eng_graph *g = z->g;
@@ -501,15 +438,14 @@ static eng_status fz_matmul(fz_ctx *z, int mi) {
         }
     }
     int c = fz_sole_consumer(z, mm->outputs[0]);
-    int pat[8], np = 0, fin;
+    int pat[16], np = 0, fin;
     if (c >= 0 && fz_activation(g, &g->nodes[c], &act) && g->nodes[c].inputs[0] == mm->outputs[0]) {
         mm->outputs[0] = g->nodes[c].outputs[0];
         z->dead[c] = 1;
         fz_move_node(z, mi, c);
         mi = c;
         fused = 1;
-    } else if ((fin = fz_match_erf_gelu(z, mm->outputs[0], pat, &np)) >= 0) {
-        act.kind = KRN_NN_ACT_GELU_ERF;
+    } else if ((fin = fz_match_act_chain(z, mm->outputs[0], &act, pat, &np, 16)) >= 0) {
         mm->outputs[0] = g->nodes[fin].outputs[0];
         for (int i = 0; i < np; i++) z->dead[pat[i]] = 1;
         fz_move_node(z, mi, fin);
@@ -566,36 +502,98 @@ static int fz_is_pool_blockable(const eng_node *n) {
            !strcmp(n->op_type, "GlobalAveragePool") || !strcmp(n->op_type, "GlobalMaxPool");
 }
 
-/* Mark conv outputs whose every consumer is an nn kernel that reads the BLOCKED layout (see krn_nn_layout): such
- * activations never leave the conv chain in plain NCHW. Fixpoint: a conv output used as another conv's residual Z
- * may be blocked only if that conv's output is blocked too (Z and Y share a layout). */
+/* Elementwise ops that run on BLOCKED tensors unchanged (unary) or through the binary kernel's blocked view
+ * (inputs shaped like the output, or broadcast over H and W, or over C). */
+static int fz_is_ew_blockable(const eng_node *n) {
+    static const char *const unary[] = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
+                                        "Elu", "Gelu", "Neg", "Abs", "Sqrt", "Exp", "Erf", "Softplus", NULL};
+    static const char *const binary[] = {"Add", "Mul", "Sub", "Div", NULL};
+    if (n->domain[0] || !fz_one_output(n)) return 0;
+    for (int i = 0; unary[i]; i++)
+        if (!strcmp(n->op_type, unary[i])) return 1;
+    for (int i = 0; binary[i]; i++)
+        if (!strcmp(n->op_type, binary[i])) return 2;
+    return 0;
+}
+
+/* A constant that reads the same in every layout of a 4-D activation: a scalar, or broadcast over H and W
+ * ([C,1,1], [1,C,1,1], [N,C,1,1]). Clip's min/max inputs are scalars too. */
+static int fz_layout_free_const(const eng_graph *g, int v) {
+    if (v < 0) return 1;
+    const eng_value *val = &g->values[v];
+    const eng_tensor *t = val->init;
+    if (!t && val->producer >= 0) { /* a Constant node's value */
+        const eng_node *pn = &g->nodes[val->producer];
+        const eng_attr *a = fz_is_op(pn, "Constant") ? eng_node_attr(pn, "value") : NULL;
+        if (a && a->type == ENG_ATTR_TENSOR) t = &a->t;
+        else if (fz_is_op(pn, "Constant") && (eng_node_attr(pn, "value_float") || eng_node_attr(pn, "value_int"))) return 1;
+    }
+    if (!t) return 0;
+    if (eng_tensor_numel(t) == 1) return 1;
+    return t->ndim >= 3 && t->ndim <= 4 && t->dims[t->ndim - 1] == 1 && t->dims[t->ndim - 2] == 1;
+}
+
+/* Layout negotiation: which 4-D float32 activations live BLOCKED (see krn_nn_layout) instead of plain NCHW.
+ * Producers that can write BLOCKED: convs with a 4-D weight; pools whose input is BLOCKED (Global* outputs are
+ * [N,C,1,1], the same bytes in every layout); elementwise ops whose every activation input is BLOCKED and whose
+ * constants are layout-free. A value is BLOCKED only if every consumer reads BLOCKED there: a conv's X, a pool's
+ * X, a blocked conv's residual Z, a blocked elementwise op's input. Start from every candidate and remove, to a
+ * fixpoint, each whose output reaches a plain-only consumer (or is a graph output) or whose own inputs are not
+ * BLOCKED where it needs them; what is left agrees on both sides of every edge, so no reorder sits between
+ * nodes. Where a kernel still finds its layouts slow (oneDNN has only a reference kernel for them) it reorders
+ * inside the step and says so (TENSORD_PROFILE=1). Marks: y_layout on producers, x_layout on conv/pool readers,
+ * layout on elementwise ops. */
 static eng_status fz_layouts(fz_ctx *z) {
     eng_graph *g = z->g;
     if (getenv("TENSORD_NO_BLOCKED")) return ENG_STATUS_OK;
-    unsigned char *blk = calloc((size_t)g->nnodes + 1, 1);
-    if (!blk) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "layout pass");
-    for (int i = 0; i < g->nnodes; i++) blk[i] = (unsigned char)fz_is_conv2d(g, &g->nodes[i]);
+    unsigned char *blk = calloc((size_t)g->nnodes + 1, 1), *cls = calloc((size_t)g->nnodes + 1, 1);
+    if (!blk || !cls) {
+        free(blk);
+        free(cls);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "layout pass");
+    }
+    enum { C_NONE, C_CONV, C_POOL, C_EW };
+    for (int i = 0; i < g->nnodes; i++) {
+        const eng_node *n = &g->nodes[i];
+        cls[i] = fz_is_conv2d(g, n) ? C_CONV : fz_is_pool_blockable(n) ? C_POOL : fz_is_ew_blockable(n) ? C_EW : C_NONE;
+        blk[i] = cls[i] != C_NONE;
+    }
     for (int changed = 1; changed;) {
         changed = 0;
         for (int i = 0; i < g->nnodes; i++) {
             if (!blk[i]) continue;
-            int v = g->nodes[i].outputs[0], ok = 1, uses = 0;
+            const eng_node *n = &g->nodes[i];
+            int v = n->outputs[0], ok = 1, uses = 0;
             for (int j = 0; j < g->nnodes && ok; j++) {
                 const eng_node *c = &g->nodes[j];
                 for (int k = 0; k < c->nin && ok; k++) {
                     if (c->inputs[k] != v) continue;
                     uses++;
-                    if (k == 0 && (fz_is_conv2d(g, c) || fz_is_pool_blockable(c))) continue;
-                    if (k == 3 && fz_is_conv2d(g, c) && blk[j]) continue;
+                    if (k == 0 && (cls[j] == C_CONV || cls[j] == C_POOL)) continue;
+                    if (k == 3 && cls[j] == C_CONV && blk[j]) continue;
+                    if (cls[j] == C_EW && blk[j]) continue;
                     ok = 0;
                 }
             }
             if (ok && uses != fz_uses(z, v)) ok = 0; /* graph output or subgraph reference */
-            /* our own residual must come in blocked too */
-            const eng_node *n = &g->nodes[i];
-            if (ok && n->nin > 3 && n->inputs[3] >= 0) {
+            /* inputs that must come in blocked */
+            if (ok && cls[i] == C_CONV && n->nin > 3 && n->inputs[3] >= 0) { /* our residual, like Y */
                 int pz = g->values[n->inputs[3]].producer;
                 if (pz < 0 || !blk[pz]) ok = 0;
+            }
+            if (ok && cls[i] == C_POOL) {
+                int px = n->inputs[0] >= 0 ? g->values[n->inputs[0]].producer : -1;
+                if (px < 0 || !blk[px]) ok = 0;
+            }
+            if (ok && cls[i] == C_EW) {
+                int acts = 0;
+                for (int k = 0; k < n->nin && ok; k++) {
+                    int in = n->inputs[k];
+                    int pk = in >= 0 ? g->values[in].producer : -1;
+                    if (pk >= 0 && blk[pk]) acts++;
+                    else if (!fz_layout_free_const(g, in)) ok = 0;
+                }
+                if (acts == 0) ok = 0;
             }
             if (!ok) blk[i] = 0, changed = 1;
         }
@@ -603,13 +601,15 @@ static eng_status fz_layouts(fz_ctx *z) {
     eng_status st = ENG_STATUS_OK;
     for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
         const eng_node *n = &g->nodes[i];
-        if (blk[i]) st = fz_add_attr_int(g, i, "y_layout", KRN_NN_LAYOUT_BLOCKED);
-        if (st == ENG_STATUS_OK && n->nin > 0 && n->inputs[0] >= 0 && (fz_is_conv2d(g, n) || fz_is_pool_blockable(n))) {
+        if (blk[i] && cls[i] == C_EW) st = fz_add_attr_int(g, i, "layout", KRN_NN_LAYOUT_BLOCKED);
+        else if (blk[i]) st = fz_add_attr_int(g, i, "y_layout", KRN_NN_LAYOUT_BLOCKED);
+        if (st == ENG_STATUS_OK && n->nin > 0 && n->inputs[0] >= 0 && (cls[i] == C_CONV || cls[i] == C_POOL)) {
             int px = g->values[n->inputs[0]].producer;
             if (px >= 0 && blk[px]) st = fz_add_attr_int(g, i, "x_layout", KRN_NN_LAYOUT_BLOCKED);
         }
     }
     free(blk);
+    free(cls);
     return st;
 }
 
@@ -650,6 +650,7 @@ static eng_status fz_conv_pool(fz_ctx *z) {
         eng_node *pn = &g->nodes[j];
         const int64_t *k = NULL, *st = NULL;
         if (!fz_is_op(pn, "MaxPool") || !fz_one_output(pn) || pn->inputs[0] != n->outputs[0]) continue;
+        if (eng_node_attr_int(pn, "y_layout", 0) != KRN_NN_LAYOUT_PLAIN) continue; /* the fused kernel writes plain */
         if (eng_node_attr_ints(pn, "kernel_shape", &k) != 2) continue;
         int nst = eng_node_attr_ints(pn, "strides", &st);
         if (nst >= 0 && nst != 2) continue;
@@ -678,12 +679,59 @@ static eng_status fz_conv_pool(fz_ctx *z) {
     return ENG_STATUS_OK;
 }
 
+/* 1 if every use of v is a live node input (not a graph output, not a name used inside a subgraph). */
+static int fz_only_node_uses(const fz_ctx *z, int v) {
+    const eng_graph *g = z->g;
+    int direct = 0;
+    for (int j = 0; j < g->nnodes; j++)
+        for (int k = 0; !z->dead[j] && k < g->nodes[j].nin; k++) direct += g->nodes[j].inputs[k] == v;
+    return fz_uses(z, v) == direct;
+}
+
+/* Constant nodes (the tensor form, as exporters write scalars) become initializers, and Identity nodes of an
+ * initializer (how torch.onnx shares a deduplicated weight) are bypassed, so every rule here sees those values
+ * as constants. Graph outputs and subgraph references keep their nodes. */
+static eng_status fz_hoist_constants(fz_ctx *z) {
+    eng_graph *g = z->g;
+    for (int i = 0; i < g->nnodes; i++) {
+        eng_node *n = &g->nodes[i];
+        if (!z->dead[i] && fz_is_op(n, "Identity") && n->nin == 1 && fz_one_output(n) &&
+            fz_const_f32(g, n->inputs[0]) && fz_only_node_uses(z, n->outputs[0])) {
+            int from = n->outputs[0], to = n->inputs[0];
+            for (int j = 0; j < g->nnodes; j++)
+                for (int k = 0; !z->dead[j] && k < g->nodes[j].nin; k++)
+                    if (g->nodes[j].inputs[k] == from) g->nodes[j].inputs[k] = to;
+            z->dead[i] = 1;
+            continue;
+        }
+        if (z->dead[i] || !fz_is_op(n, "Constant") || !fz_one_output(n) || n->nin) continue;
+        const eng_attr *a = eng_node_attr(n, "value");
+        int v = n->outputs[0];
+        if (!a || a->type != ENG_ATTR_TENSOR || !a->t.data || g->values[v].init) continue;
+        if (!fz_only_node_uses(z, v)) continue;
+        eng_tensor *t = calloc(1, sizeof *t);
+        size_t nb = eng_tensor_nbytes(&a->t);
+        if (!t || !(t->data = eng_alloc(nb ? nb : 1))) {
+            free(t);
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "constant '%s'", g->values[v].name);
+        }
+        void *data = t->data;
+        *t = a->t;
+        t->data = data;
+        memcpy(t->data, a->t.data, nb);
+        eng_value_set_init(g, v, t);
+        g->values[v].producer = -1;
+        z->dead[i] = 1;
+    }
+    return ENG_STATUS_OK;
+}
+
 eng_status eng_graph_fuse(eng_graph *g) {
     if (!g || g->nnodes == 0) return ENG_STATUS_OK;
     if (getenv("TENSORD_NO_FUSE")) return ENG_STATUS_OK;
     fz_ctx z = {g, calloc((size_t)g->nnodes, 1), 0};
     if (!z.dead) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "graph fusion");
-    eng_status st = ENG_STATUS_OK;
+    eng_status st = fz_hoist_constants(&z);
     for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
         if (z.dead[i]) continue;
         const eng_node *n = &g->nodes[i];

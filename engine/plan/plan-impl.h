@@ -16,6 +16,7 @@ typedef struct plan_step {
     void *state;
     int inited;
     unsigned const_mask;
+    krn_impl_info *impl;        /* what the kernel's init chose (kernels with describe()), NULL otherwise */
 } plan_step;
 
 typedef struct plan_split plan_split;

@@ -74,13 +74,31 @@ static void free_params(const eng_op_def *d, void *params) {
     else free(params);
 }
 
-/* Run one kernel start to finish (init, exec, free) on prepared tensors: used for folding and dynamic runs. */
-static eng_status run_kernel_once(const krn_kernel *k, const void *params, const eng_tensor *in, int nin,
-                                  eng_tensor *out, int nout, int nthreads, unsigned const_mask) {
+/* Record what step s's kernel chose (c: its call after init) and say so on stderr, once per plan step, if it is
+ * a slow path: a reference implementation where a fast one should exist. */
+static void step_describe(const eng_graph *g, plan_step *s, const krn_call *c) {
+    if (!s || s->impl || !s->kernel || !s->kernel->describe) return;
+    s->impl = calloc(1, sizeof *s->impl);
+    if (!s->impl) return;
+    s->kernel->describe(c, s->impl);
+    if (!s->impl->slow) return;
+    const eng_node *n = &g->nodes[s->node];
+    char ib[160], ob[160];
+    fprintf(stderr, "tensord: slow path: node '%s' (%s) in %s out %s runs %s\n", n->name, n->op_type,
+            c->nin ? eng_shape_str(c->in[0].dims, c->in[0].ndim, ib, sizeof ib) : "-",
+            c->nout ? eng_shape_str(c->out[0].dims, c->out[0].ndim, ob, sizeof ob) : "-", s->impl->impl);
+}
+
+/* Run one kernel start to finish (init, exec, free) on prepared tensors: used for folding and dynamic runs
+ * (there s, the step, gets its implementation recorded on the first run; NULL when folding). */
+static eng_status run_kernel_once(const eng_graph *g, plan_step *s, const krn_kernel *k, const void *params,
+                                  const eng_tensor *in, int nin, eng_tensor *out, int nout, int nthreads,
+                                  unsigned const_mask) {
     krn_call c = {.params = params, .in = in, .nin = nin, .out = out, .nout = nout, .nthreads = nthreads,
                   .const_mask = const_mask};
     eng_status st = ENG_STATUS_OK;
     if (k->init) st = k->init(&c);
+    if (st == ENG_STATUS_OK) step_describe(g, s, &c);
     if (st == ENG_STATUS_OK) st = k->exec(&c);
     if (k->free_state && c.state) k->free_state(c.state);
     return st;
@@ -110,7 +128,7 @@ static eng_status fold_node(eng_plan *p, plan_step *s, const eng_node *n, eng_te
     if (s->def->flags & ENG_OP_ALIAS) {
         memcpy(out[0].data, in[0].data, eng_tensor_nbytes(&out[0]));
     } else {
-        ENG_TRY(run_kernel_once(s->kernel, s->params, in, n->nin, out, n->nout, 1, ~0u));
+        ENG_TRY(run_kernel_once(p->g, NULL, s->kernel, s->params, in, n->nin, out, n->nout, 1, ~0u));
     }
     for (int i = 0; i < n->nout; i++) {
         int v = n->outputs[i];
@@ -231,6 +249,7 @@ static eng_status init_steps(eng_plan *p) {
         if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
         s->state = c.state;
         s->inited = 1;
+        step_describe(g, s, &c);
     }
     return ENG_STATUS_OK;
 }
@@ -475,7 +494,7 @@ static eng_status run_dynamic(eng_plan *p) {
         }
         if (st == ENG_STATUS_OK) {
             if (s->def->flags & ENG_OP_ALIAS) memcpy(outs[0].data, in[0].data, eng_tensor_nbytes(&outs[0]));
-            else st = run_kernel_once(s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
+            else st = run_kernel_once(g, s, s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
         }
         if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
         for (int i = 0; i < n->nin; i++) dyn_release(p, n->inputs[i]);
@@ -545,19 +564,26 @@ void eng_plan_free(eng_plan **pp) {
     plan_split_free(p->split);
     p->split = NULL;
     if (p->prof_ms && p->prof_runs > 0 && !was_split) {
-        fprintf(stderr, "profile: %lld runs, mean ms per step\n", (long long)p->prof_runs);
+        fprintf(stderr, "profile: %lld runs, mean ms per step (implementation; +reorder = a layout conversion)\n",
+                (long long)p->prof_runs);
+        int nre = 0, nslow = 0;
         for (int si = 0; si < p->nsteps; si++) {
-            const eng_node *n = &p->g->nodes[p->steps[si].node];
+            const plan_step *s = &p->steps[si];
+            const eng_node *n = &p->g->nodes[s->node];
             char sb[160];
             const eng_tensor *o = n->nout && n->outputs[0] >= 0 ? &p->vals[n->outputs[0]] : NULL;
-            fprintf(stderr, "  %8.4f  %-24s %-20s %s\n", p->prof_ms[si] / (double)p->prof_runs, n->op_type, n->name,
-                    o ? eng_shape_str(o->dims, o->ndim, sb, sizeof sb) : "");
+            fprintf(stderr, "  %8.4f  %-24s %-20s %-22s %s%s\n", p->prof_ms[si] / (double)p->prof_runs, n->op_type,
+                    n->name, o ? eng_shape_str(o->dims, o->ndim, sb, sizeof sb) : "", s->impl ? s->impl->impl : "",
+                    s->impl && s->impl->slow ? "  [SLOW]" : "");
+            if (s->impl) nre += s->impl->reorders, nslow += s->impl->slow;
         }
+        fprintf(stderr, "profile: %d layout reorders inside steps, %d slow steps\n", nre, nslow);
     }
     free(p->prof_ms);
     for (int si = 0; si < p->nsteps; si++) {
         plan_step *s = &p->steps[si];
         if (s->inited && s->kernel && s->kernel->free_state && s->state) s->kernel->free_state(s->state);
+        free(s->impl);
         free_params(s->def, s->params);
     }
     if (p->dyn_bufs) dyn_reset(p);

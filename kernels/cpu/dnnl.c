@@ -12,6 +12,8 @@
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "../krn-nn.h"
 #include "../../engine/ir/tensor.h"
@@ -73,6 +75,8 @@ eng_status krn_dnnl_append_act(dnnl_post_ops_t po, const krn_nn_act_params *a) {
     case KRN_NN_ACT_GELU_ERF: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_gelu_erf, 0.f, 0.f)); break;
     case KRN_NN_ACT_GELU_TANH: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_gelu_tanh, 0.f, 0.f)); break;
     case KRN_NN_ACT_ELU: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_elu, a->alpha, 0.f)); break;
+    case KRN_NN_ACT_SWISH: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_swish, a->alpha, 0.f)); break;
+    case KRN_NN_ACT_HARD_SWISH: KRN_DNNL_CHECK(dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_hardswish, 0.f, 0.f)); break;
     default: return eng_err(ENG_STATUS_INTERNAL, "unknown fused activation %d", a->kind);
     }
     return ENG_STATUS_OK;
@@ -168,6 +172,11 @@ eng_status krn_dnnl_reorder_new(const dnnl_memory_desc_t *src_md, const void *sr
     case KRN_NN_ACT_GELU_TANH:                                                                \
         return (T)0.5 * v * ((T)1 + TANH((T)0.79788456080286535588 * (v + (T)0.044715 * v * v * v))); \
     case KRN_NN_ACT_ELU: return v >= 0 ? v : (T)a->alpha * (EXP(v) - (T)1);                   \
+    case KRN_NN_ACT_SWISH: return v / ((T)1 + EXP(-(T)a->alpha * v));                         \
+    case KRN_NN_ACT_HARD_SWISH: {                                                             \
+        T h = v / (T)6 + (T)0.5;                                                              \
+        return v * (h < 0 ? 0 : h > 1 ? 1 : h);                                               \
+    }                                                                                         \
     default: return v;                                                                        \
     }
 
@@ -184,4 +193,72 @@ void krn_nn_act_apply_f32(float *x, int64_t n, const krn_nn_act_params *a, int n
 void krn_nn_act_apply_f64(double *x, int64_t n, const krn_nn_act_params *a) {
     if (a->kind == KRN_NN_ACT_NONE) return;
     for (int64_t i = 0; i < n; i++) x[i] = krn_act1_f64(x[i], a);
+}
+
+/* ---- implementation names and layout conversion ---- */
+
+const char *krn_dnnl_impl_name(const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    if (!pd || dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl) return "?";
+    return impl;
+}
+
+int krn_dnnl_is_ref(const_dnnl_primitive_desc_t pd) { return strncmp(krn_dnnl_impl_name(pd), "ref", 3) == 0; }
+
+void krn_dnnl_md_str(const dnnl_memory_desc_t *md, char *buf, size_t cap) {
+    if (!cap) return;
+    buf[0] = 0;
+    if (!md || md->ndims <= 0) return;
+    if (md->format_kind != dnnl_blocked) {
+        snprintf(buf, cap, "%s", md->format_kind == dnnl_format_kind_wino ? "wino" : md->format_kind == dnnl_format_kind_rnn_packed ? "rnn_packed" : "opaque");
+        return;
+    }
+    /* oneDNN's tag notation: outer dims ordered by stride (blocked ones upper-case), then the inner blocks. */
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    int nd = md->ndims, order[DNNL_MAX_NDIMS], blocked[DNNL_MAX_NDIMS] = {0};
+    for (int i = 0; i < b->inner_nblks; i++) blocked[b->inner_idxs[i]] = 1;
+    for (int i = 0; i < nd; i++) order[i] = i;
+    for (int i = 1; i < nd; i++) /* stable insertion sort by stride, descending */
+        for (int j = i; j > 0 && b->strides[order[j]] > b->strides[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    size_t k = 0;
+    for (int i = 0; i < nd && k + 1 < cap; i++) buf[k++] = (char)((blocked[order[i]] ? 'A' : 'a') + order[i]);
+    for (int i = 0; i < b->inner_nblks && k + 8 < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%lld%c", (long long)b->inner_blks[i], 'a' + (int)b->inner_idxs[i]);
+    buf[k < cap ? k : cap - 1] = 0;
+}
+
+eng_status krn_dnnl_reorder_init(krn_dnnl_reorder *r, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to) {
+    memset(r, 0, sizeof *r);
+    dnnl_engine_t eng;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    dnnl_primitive_desc_t pd = NULL;
+    KRN_DNNL_CHECK(dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, NULL));
+    dnnl_status_t s = dnnl_primitive_create(&r->prim, pd);
+    dnnl_primitive_desc_destroy(pd);
+    if (s == dnnl_success) s = dnnl_memory_create(&r->src, from, eng, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&r->dst, to, eng, DNNL_MEMORY_NONE);
+    if (s != dnnl_success) {
+        krn_dnnl_reorder_free(r);
+        return krn_dnnl_fail(s, "layout reorder", __func__, __FILE__, __LINE__);
+    }
+    return ENG_STATUS_OK;
+}
+
+eng_status krn_dnnl_reorder_run(krn_dnnl_reorder *r, dnnl_stream_t stream, const void *from, void *to) {
+    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(r->src, (void *)from));
+    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(r->dst, to));
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, r->src}, {DNNL_ARG_TO, r->dst}};
+    KRN_DNNL_CHECK(dnnl_primitive_execute(r->prim, stream, 2, args));
+    return ENG_STATUS_OK;
+}
+
+void krn_dnnl_reorder_free(krn_dnnl_reorder *r) {
+    if (r->prim) dnnl_primitive_destroy(r->prim);
+    if (r->src) dnnl_memory_destroy(r->src);
+    if (r->dst) dnnl_memory_destroy(r->dst);
+    memset(r, 0, sizeof *r);
 }

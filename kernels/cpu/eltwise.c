@@ -21,6 +21,7 @@
 
 #include "../kernel.h"
 #include "../krn-eltwise.h"
+#include "../krn-nn.h"
 
 #define EW_CHUNK 1024
 
@@ -292,10 +293,39 @@ done:
     return st;
 }
 
+/* The physical shape of a BLOCKED operand (see krn_nn_layout), so that numpy broadcasting over it is right: with
+ * C % 16 == 0 a tensor [n, c, h, w] (c = C or 1; left-padded to 4-D) is [n, c/16, h, w, 16] (or [n, 1, h, w, 1]),
+ * otherwise NHWC [n, h, w, c]. Operands broadcast over H and W ([N,C,1,1]) read the same in every layout.
+ * Returns 0 if t's channel dim is neither C nor 1. */
+static int ew_blocked_view(eng_tensor *t, int64_t C) {
+    if (t->ndim > 4) return 0;
+    int64_t d[4] = {1, 1, 1, 1};
+    for (int i = 0; i < t->ndim; i++) d[4 - t->ndim + i] = t->dims[i];
+    if (d[1] != C && d[1] != 1) return 0;
+    if (C % 16 == 0) {
+        int64_t v[5] = {d[0], d[1] == C ? C / 16 : 1, d[2], d[3], d[1] == C ? 16 : 1};
+        t->ndim = 5;
+        memcpy(t->dims, v, sizeof v);
+    } else {
+        int64_t v[4] = {d[0], d[2], d[3], d[1]};
+        t->ndim = 4;
+        memcpy(t->dims, v, sizeof v);
+    }
+    return 1;
+}
+
 static eng_status binary_exec(krn_call *c) {
     const krn_binary_params *p = c->params;
     eng_tensor a = c->in[0], b = c->in[1];
-    eng_tensor *out = &c->out[0];
+    eng_tensor *out = &c->out[0], ob;
+    if (p->layout == KRN_NN_LAYOUT_BLOCKED && out->ndim == 4) {
+        int64_t C = out->dims[1];
+        ob = *out;
+        if (!ew_blocked_view(&a, C) || !ew_blocked_view(&b, C) || !ew_blocked_view(&ob, C))
+            return eng_err(ENG_STATUS_INTERNAL, "%s on blocked tensors: an input's channel dim is neither %lld nor 1",
+                           ew_binop_name(p->op), (long long)C);
+        out = &ob;
+    }
     if (p->b_override) {
         b.ndim = p->b_ndim;
         memcpy(b.dims, p->b_dims, sizeof b.dims);

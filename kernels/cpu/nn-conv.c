@@ -1,9 +1,15 @@
-/* nn-conv.c - Conv / com.tensord FusedConv (oneDNN for float32, reference loops for float64 and as fallback)
- * and ConvTranspose (reference loops).
+/* nn-conv.c - Conv / com.tensord FusedConv: oneDNN for float32, reference loops for float64 and as fallback
+ * (ConvTranspose is nn-deconv.c).
  *
- * float32 Conv: the oneDNN primitive is built in init with plain NC[D][H]W source/destination, weights in the
- * layout oneDNN prefers (constant weights reordered once in init; non-constant ones passed plain), bias, and
- * post-ops in ONNX order: residual add (binary post-op reading Z in place) then the activation.
+ * float32 Conv: the oneDNN primitive is built in init with the source/destination layouts the plan chose
+ * (plain NC[D][H]W, or BLOCKED from engine/plan/fuse.c's layout pass), weights in the layout oneDNN prefers
+ * (constant weights reordered once in init; non-constant ones passed plain), bias, and post-ops in ONNX order:
+ * residual add (binary post-op reading Z in place) then the activation.
+ * Never a silent slow kernel: after creating the primitive its implementation is read back; if oneDNN only has
+ * its reference kernel (or its im2col GEMM) for those layouts, the primitive is rebuilt with format `any` for X,
+ * then Y, then both, and the best-ranked one is kept, with counted reorders from and to the plan's layouts
+ * around it (describe() reports the implementation, the layouts and the reorders; the planner names the node
+ * if a reference kernel is all there is).
  * Reference loops accumulate in double, cover 1-3 spatial dims by padding shapes to 3-D (missing dims are 1),
  * and handle anything oneDNN refuses (a residual Z that oneDNN cannot broadcast, for example).
  */
@@ -28,14 +34,27 @@ typedef struct conv_state {
     struct conv_state *sub[2]; /* primitives for nb images and for the last N % nb images */
     int64_t nb, Hc, Wc;
     float *scratch;
+    /* Layout negotiation fallback: when the layouts the plan fixed (x_layout/y_layout) only have a oneDNN
+     * reference kernel, the primitive is rebuilt with format `any` and X / Y (and a residual Z) go through
+     * counted reorders into the layouts it chose (tsrc/tdst). */
+    krn_dnnl_reorder rsrc, rdst, rres;
+    void *tsrc, *tdst;
+    char desc[192];
+    int slow;
 } conv_state;
 
-void krn_cpu_conv_free(void *p) {
-    conv_state *s = p;
-    if (!s) return;
+void krn_cpu_conv_free(void *p);
+
+/* Free everything s holds and zero it (s itself stays). */
+static void conv_clear(conv_state *s) {
     krn_cpu_conv_free(s->sub[0]);
     krn_cpu_conv_free(s->sub[1]);
     eng_free(s->scratch);
+    krn_dnnl_reorder_free(&s->rsrc);
+    krn_dnnl_reorder_free(&s->rdst);
+    krn_dnnl_reorder_free(&s->rres);
+    eng_free(s->tsrc);
+    eng_free(s->tdst);
     if (s->prim) dnnl_primitive_destroy(s->prim);
     if (s->pd) dnnl_primitive_desc_destroy(s->pd);
     if (s->msrc) dnnl_memory_destroy(s->msrc);
@@ -45,7 +64,13 @@ void krn_cpu_conv_free(void *p) {
     if (s->mres) dnnl_memory_destroy(s->mres);
     if (s->mscratch) dnnl_memory_destroy(s->mscratch);
     eng_free(s->wpack);
-    free(s);
+    memset(s, 0, sizeof *s);
+}
+
+void krn_cpu_conv_free(void *p) {
+    if (!p) return;
+    conv_clear(p);
+    free(p);
 }
 
 static const dnnl_format_tag_t conv_plain_tags[7] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc,
@@ -61,25 +86,66 @@ static int conv_want_winograd(const krn_conv_params *p, const eng_tensor *x, con
            p->strides[1] == 1 && p->dilations[0] == 1 && p->dilations[1] == 1 && x->dims[1] >= 32 && y->dims[1] >= 32;
 }
 
-static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_t alg);
+static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_t alg, int any_io);
 
-static eng_status conv_dnnl_build(krn_call *c, conv_state *s) {
-    if (conv_want_winograd(c->params, &c->in[0], &c->out[0])) {
-        conv_state *w = calloc(1, sizeof *w);
-        if (!w) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv state");
-        eng_status st = conv_dnnl_build_alg(c, w, dnnl_convolution_winograd);
-        if (st == ENG_STATUS_OK) {
-            *s = *w; /* s is fresh (calloc'd by the caller): take over everything w built */
-            free(w);
-            return st;
-        }
-        krn_cpu_conv_free(w); /* oneDNN has no Winograd kernel for this shape or machine: go direct */
-        eng_err_clear();
-    }
-    return conv_dnnl_build_alg(c, s, dnnl_convolution_direct);
+/* 0: oneDNN's reference kernel; 1: its im2col + GEMM convolution (plain layouts, several times slower than the
+ * direct kernels in blocked ones); 2: a direct / 1x1 / depthwise / Winograd kernel (jit, brgconv). */
+static int conv_impl_rank(const_dnnl_primitive_desc_t pd) {
+    const char *impl = krn_dnnl_impl_name(pd);
+    if (!strncmp(impl, "ref", 3)) return 0;
+    return strstr(impl, "gemm") ? 1 : 2;
 }
 
-static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_t alg) {
+/* Build into the zeroed *s; on failure nothing is left in it. */
+static eng_status conv_try_build(krn_call *c, conv_state *s, dnnl_alg_kind_t alg, int any_io) {
+    eng_status st = conv_dnnl_build_alg(c, s, alg, any_io);
+    if (st != ENG_STATUS_OK) conv_clear(s);
+    return st;
+}
+
+/* Winograd where it pays, else direct with the plan's layouts; if oneDNN only has a reference kernel for those
+ * layouts, direct again with format `any` for X and Y and counted reorders (never a silent reference kernel). */
+static eng_status conv_dnnl_build(krn_call *c, conv_state *s) {
+    if (conv_want_winograd(c->params, &c->in[0], &c->out[0])) {
+        if (conv_try_build(c, s, dnnl_convolution_winograd, 0) == ENG_STATUS_OK) return ENG_STATUS_OK;
+        eng_err_clear(); /* oneDNN has no Winograd kernel for this shape or machine: go direct */
+    }
+    ENG_TRY(conv_try_build(c, s, dnnl_convolution_direct, 0));
+    if (conv_impl_rank(s->pd) == 2 || getenv("TENSORD_CONV_KEEP_REF")) return ENG_STATUS_OK;
+    /* free X's layout (one reorder in), Y's (one out), then both; keep the best-ranked, fewest reorders first */
+    for (int any_io = 1; any_io <= 3; any_io++) {
+        conv_state any = {0};
+        if (conv_try_build(c, &any, dnnl_convolution_direct, any_io) != ENG_STATUS_OK) {
+            eng_err_clear();
+            continue;
+        }
+        if (conv_impl_rank(any.pd) <= conv_impl_rank(s->pd)) {
+            conv_clear(&any);
+            continue;
+        }
+        conv_clear(s);
+        *s = any;
+        if (conv_impl_rank(s->pd) == 2) break;
+    }
+    return ENG_STATUS_OK; /* if still a reference kernel, no faster one exists here; describe() marks it slow */
+}
+
+/* Describe the primitive in s->desc: implementation, the layouts it runs in, and the reorders around it. */
+static void conv_describe_state(conv_state *s) {
+    char a[48], b[48], d[48];
+    krn_dnnl_md_str(dnnl_primitive_desc_query_md(s->pd, dnnl_query_src_md, 0), a, sizeof a);
+    krn_dnnl_md_str(dnnl_primitive_desc_query_md(s->pd, dnnl_query_weights_md, 0), b, sizeof b);
+    krn_dnnl_md_str(dnnl_primitive_desc_query_md(s->pd, dnnl_query_dst_md, 0), d, sizeof d);
+    char t[512];
+    snprintf(t, sizeof t, "%s src %s wei %s dst %s%s%s%s", krn_dnnl_impl_name(s->pd), a, b, d,
+             s->rsrc.prim ? " +reorder(src)" : "", s->rdst.prim ? " +reorder(dst)" : "",
+             s->rres.prim ? " +reorder(residual)" : "");
+    krn_str_copy(s->desc, sizeof s->desc, t);
+    s->slow = krn_dnnl_is_ref(s->pd);
+}
+
+/* any_io: bit 0 asks for X in format `any`, bit 1 for Y (counted reorders from/to the plan's layouts). */
+static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_t alg, int any_io) {
     const krn_conv_params *p = c->params;
     const eng_tensor *x = &c->in[0], *w = &c->in[1], *y = &c->out[0];
     int nsp = p->nspatial, nd = nsp + 2;
@@ -106,6 +172,9 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = dd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, nd, sd, dnnl_f32, stag));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, dd, dnnl_f32, dtag));
+    dnnl_memory_desc_t smd_op = smd, dmd_op = dmd; /* what the primitive is asked for */
+    if (any_io & 1) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd_op, nd, sd, dnnl_f32, dnnl_format_tag_any));
+    if (any_io & 2) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, dnnl_f32, dnnl_format_tag_any));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wplain, wnd, wd, dnnl_f32, conv_plain_tags[wnd]));
     s->wconst = (c->const_mask >> 1) & 1;
     if (s->wconst) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wmd_any, wnd, wd, dnnl_f32, dnnl_format_tag_any));
@@ -113,8 +182,8 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     int has_b = c->nin > 2 && c->in[2].dtype != ENG_DTYPE_UNDEFINED;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a));
     dnnl_convolution_desc_t cd;
-    KRN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, alg, &smd,
-                                                              &wmd_any, has_b ? &bmd : NULL, &dmd, st, dl, pl, pr));
+    KRN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, alg, &smd_op,
+                                                              &wmd_any, has_b ? &bmd : NULL, &dmd_op, st, dl, pl, pr));
     dnnl_post_ops_t po;
     if (dnnl_post_ops_create(&po) != dnnl_success) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv post-ops");
     eng_status est = ENG_STATUS_OK;
@@ -128,7 +197,10 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
         if (p->y_layout == KRN_NN_LAYOUT_BLOCKED && z->ndim == nd) ztag = dtag;
         if (z->ndim > nd || dnnl_memory_desc_init_by_tag(&rmd, nd, zd, dnnl_f32, ztag) != dnnl_success)
             est = ENG_STATUS_UNSUPPORTED;
-        else if (alg == dnnl_convolution_winograd) { /* Winograd takes no binary post-op: Z goes into Y first */
+        else if ((any_io & 2) && z->ndim == nd && eng_shape_equal(z, y)) { /* Z is reordered into Y's chosen layout */
+            s->res_sum = 1;
+            if (dnnl_post_ops_append_sum(po, 1.f) != dnnl_success) est = ENG_STATUS_UNSUPPORTED;
+        } else if (alg == dnnl_convolution_winograd) { /* Winograd takes no binary post-op: Z goes into Y first */
             s->res_sum = z->ndim == nd && ztag == dtag && eng_shape_equal(z, y);
             if (!s->res_sum || dnnl_post_ops_append_sum(po, 1.f) != dnnl_success) est = ENG_STATUS_UNSUPPORTED;
         } else if (dnnl_post_ops_append_binary(po, dnnl_binary_add, &rmd) != dnnl_success)
@@ -148,11 +220,23 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     } else {
         KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, DNNL_MEMORY_NONE));
     }
-    KRN_DNNL_CHECK(dnnl_memory_create(&s->msrc, &smd, eng, DNNL_MEMORY_NONE));
-    KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, &dmd, eng, DNNL_MEMORY_NONE));
+    const dnnl_memory_desc_t *psrc = dnnl_primitive_desc_query_md(s->pd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *pdst = dnnl_primitive_desc_query_md(s->pd, dnnl_query_dst_md, 0);
+    if (!dnnl_memory_desc_equal(psrc, &smd)) {
+        ENG_TRY(krn_dnnl_reorder_init(&s->rsrc, &smd, psrc));
+        if (!(s->tsrc = eng_alloc(dnnl_memory_desc_get_size(psrc)))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv src reorder");
+    }
+    if (!dnnl_memory_desc_equal(pdst, &dmd)) {
+        ENG_TRY(krn_dnnl_reorder_init(&s->rdst, pdst, &dmd));
+        if (!(s->tdst = eng_alloc(dnnl_memory_desc_get_size(pdst)))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv dst reorder");
+    }
+    if (has_res && s->res_sum && !dnnl_memory_desc_equal(pdst, &rmd)) ENG_TRY(krn_dnnl_reorder_init(&s->rres, &rmd, pdst));
+    KRN_DNNL_CHECK(dnnl_memory_create(&s->msrc, psrc, eng, DNNL_MEMORY_NONE));
+    KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, pdst, eng, DNNL_MEMORY_NONE));
     if (has_b) KRN_DNNL_CHECK(dnnl_memory_create(&s->mbias, &bmd, eng, DNNL_MEMORY_NONE));
     if (has_res && !s->res_sum) KRN_DNNL_CHECK(dnnl_memory_create(&s->mres, &rmd, eng, DNNL_MEMORY_NONE));
     s->use_dnnl = 1;
+    conv_describe_state(s);
     return ENG_STATUS_OK;
 }
 
@@ -209,14 +293,20 @@ static eng_status conv_pool_build(krn_call *c, conv_state *s) {
     return ENG_STATUS_OK;
 }
 
-static eng_status conv_run_prim(conv_state *s, dnnl_stream_t stream, const void *src, void *dst, const krn_call *c) {
+static eng_status conv_run_prim(conv_state *s, dnnl_stream_t stream, const void *src, void *dst_out, const krn_call *c) {
+    void *dst = s->tdst ? s->tdst : dst_out;
+    if (s->tsrc) {
+        ENG_TRY(krn_dnnl_reorder_run(&s->rsrc, stream, src, s->tsrc));
+        src = s->tsrc;
+    }
+    if (s->rres.prim) ENG_TRY(krn_dnnl_reorder_run(&s->rres, stream, c->in[3].data, dst));
     KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, (void *)src));
     KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, dst));
     if (!s->wconst) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
     dnnl_exec_arg_t args[6] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
     int na = 3;
     if (s->mscratch) args[na].arg = DNNL_ARG_SCRATCHPAD, args[na++].memory = s->mscratch;
-    if (s->res_sum && c->in[3].data != dst) memcpy(dst, c->in[3].data, eng_tensor_nbytes(&c->in[3]));
+    if (s->res_sum && !s->rres.prim && c->in[3].data != dst) memcpy(dst, c->in[3].data, eng_tensor_nbytes(&c->in[3]));
     if (s->mbias) {
         KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, c->in[2].data));
         args[na].arg = DNNL_ARG_BIAS, args[na++].memory = s->mbias;
@@ -226,8 +316,29 @@ static eng_status conv_run_prim(conv_state *s, dnnl_stream_t stream, const void 
         args[na].arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, args[na++].memory = s->mres;
     }
     KRN_DNNL_CHECK(dnnl_primitive_execute(s->prim, stream, na, args));
+    if (s->tdst) ENG_TRY(krn_dnnl_reorder_run(&s->rdst, stream, s->tdst, dst_out));
     KRN_DNNL_CHECK(dnnl_stream_wait(stream));
     return ENG_STATUS_OK;
+}
+
+void krn_cpu_conv_describe(const krn_call *c, krn_impl_info *info) {
+    const conv_state *s = c->state;
+    memset(info, 0, sizeof *info);
+    if (s && s->sub[0]) {
+        char t[sizeof s->desc + 32];
+        snprintf(t, sizeof t, "%s +maxpool(blocked)", s->sub[0]->desc);
+        krn_str_copy(info->impl, sizeof info->impl, t);
+        info->slow = s->sub[0]->slow || (s->sub[1] && s->sub[1]->slow);
+        s = s->sub[0];
+    } else if (s && s->use_dnnl) {
+        snprintf(info->impl, sizeof info->impl, "%s", s->desc);
+        info->slow = s->slow;
+    } else {
+        snprintf(info->impl, sizeof info->impl, "reference loops (%s)", eng_dtype_name(c->out[0].dtype));
+        info->slow = c->out[0].dtype == ENG_DTYPE_F32 && eng_tensor_numel(&c->out[0]) > 0;
+        return;
+    }
+    info->reorders = !!s->rsrc.prim + !!s->rdst.prim + !!s->rres.prim;
 }
 
 static eng_status conv_pool_exec(krn_call *c, conv_state *s, dnnl_stream_t stream) {
@@ -392,63 +503,4 @@ eng_status krn_cpu_conv_exec(krn_call *c) {
     krn_dnnl_set_threads(c->nthreads);
     if (p->pool) return conv_pool_exec(c, s, stream);
     return conv_run_prim(s, stream, c->in[0].data, c->out[0].data, c);
-}
-
-/* ---- ConvTranspose (reference): y[n, g*Mg+m, o] += x[n, g*Cg+c, i] * W[g*Cg+c, m, k], o = i*s - pb + k*d ---- */
-
-#define CONVT_REF_IMPL(NAME, T)                                                                                \
-    static void NAME(const krn_call *c, const conv_geo *g) {                                                   \
-        const T *X = c->in[0].data, *W = c->in[1].data;                                                        \
-        const T *B = c->nin > 2 ? c->in[2].data : NULL;                                                        \
-        T *Y = c->out[0].data;                                                                                 \
-        int64_t osz = g->out[0] * g->out[1] * g->out[2], isz = g->in[0] * g->in[1] * g->in[2];                 \
-        int64_t ksz = g->k[0] * g->k[1] * g->k[2];                                                             \
-        _Pragma("omp parallel for num_threads(c->nthreads) schedule(static)")                                  \
-        for (int64_t nm = 0; nm < g->N * g->M; nm++) {                                                         \
-            int64_t n = nm / g->M, m = nm % g->M, grp = m / g->Mg, mg = m % g->Mg;                             \
-            T *yp = Y + nm * osz;                                                                              \
-            for (int64_t i = 0; i < osz; i++) yp[i] = B ? B[m] : (T)0;                                         \
-            for (int64_t ci = 0; ci < g->Cg; ci++) {                                                           \
-                int64_t cin = grp * g->Cg + ci;                                                                \
-                const T *xp = X + (n * g->C + cin) * isz;                                                      \
-                const T *wp = W + (cin * g->Mg + mg) * ksz;                                                    \
-                for (int64_t i0 = 0; i0 < g->in[0]; i0++)                                                      \
-                    for (int64_t i1 = 0; i1 < g->in[1]; i1++)                                                  \
-                        for (int64_t i2 = 0; i2 < g->in[2]; i2++) {                                            \
-                            T xv = xp[(i0 * g->in[1] + i1) * g->in[2] + i2];                                   \
-                            for (int64_t k0 = 0; k0 < g->k[0]; k0++) {                                         \
-                                int64_t o0 = i0 * g->s[0] - g->pb[0] + k0 * g->d[0];                           \
-                                if (o0 < 0 || o0 >= g->out[0]) continue;                                       \
-                                for (int64_t k1 = 0; k1 < g->k[1]; k1++) {                                     \
-                                    int64_t o1 = i1 * g->s[1] - g->pb[1] + k1 * g->d[1];                       \
-                                    if (o1 < 0 || o1 >= g->out[1]) continue;                                   \
-                                    for (int64_t k2 = 0; k2 < g->k[2]; k2++) {                                 \
-                                        int64_t o2 = i2 * g->s[2] - g->pb[2] + k2 * g->d[2];                   \
-                                        if (o2 < 0 || o2 >= g->out[2]) continue;                               \
-                                        yp[(o0 * g->out[1] + o1) * g->out[2] + o2] +=                          \
-                                            xv * wp[(k0 * g->k[1] + k1) * g->k[2] + k2];                       \
-                                    }                                                                          \
-                                }                                                                              \
-                            }                                                                                  \
-                        }                                                                                      \
-            }                                                                                                  \
-        }                                                                                                      \
-    }
-
-CONVT_REF_IMPL(convt_ref_f32, float)
-CONVT_REF_IMPL(convt_ref_f64, double)
-
-eng_status krn_cpu_convt_exec(krn_call *c) {
-    const krn_conv_params *p = c->params;
-    conv_geo g;
-    /* geometry with the roles of input/output spatial dims as in the forward conv over y */
-    conv_geo_get(p, &c->in[0], &c->out[0], &g);
-    g.C = c->in[0].dims[1];
-    g.M = c->out[0].dims[1];
-    g.Cg = g.C / g.G, g.Mg = g.M / g.G;
-    if (eng_tensor_numel(&c->out[0]) == 0) return ENG_STATUS_OK;
-    if (c->out[0].dtype == ENG_DTYPE_F32) convt_ref_f32(c, &g);
-    else if (c->out[0].dtype == ENG_DTYPE_F64) convt_ref_f64(c, &g);
-    else return eng_err(ENG_STATUS_UNSUPPORTED, "conv_transpose dtype %s", eng_dtype_name(c->out[0].dtype));
-    return ENG_STATUS_OK;
 }

@@ -11,7 +11,11 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <dnnl.h>
 
 #include "../kernel.h"
 #include "../krn-nn.h"
@@ -261,7 +265,139 @@ static void pool_unblock(const eng_tensor *x, float *dst, int nthreads) {
                 dst[(nc * H + h) * W + w] = X[pool_blk_off(nc / C, nc % C, h, w, C, H, W)];
 }
 
+/* ---- BLOCKED -> BLOCKED (non-global; the layout pass only asks for it with a BLOCKED X): a oneDNN pooling
+ * primitive in the activation's layout, or, where oneDNN has no fast kernel for it, the plain result of the
+ * paths below reordered into the blocked layout (a counted reorder). Global pools write [N,C,1,1], the same
+ * bytes in every layout, so they need neither. ---- */
+
+typedef struct pool_state {
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    dnnl_memory_t msrc, mdst, mscratch;
+    krn_dnnl_reorder rdst; /* fallback: plain tmp -> blocked Y */
+    float *tmp;
+    char desc[160];
+} pool_state;
+
+void krn_cpu_pool_free(void *v) {
+    pool_state *s = v;
+    if (!s) return;
+    if (s->prim) dnnl_primitive_destroy(s->prim);
+    if (s->pd) dnnl_primitive_desc_destroy(s->pd);
+    if (s->msrc) dnnl_memory_destroy(s->msrc);
+    if (s->mdst) dnnl_memory_destroy(s->mdst);
+    if (s->mscratch) dnnl_memory_destroy(s->mscratch);
+    krn_dnnl_reorder_free(&s->rdst);
+    eng_free(s->tmp);
+    free(s);
+}
+
+static eng_status pool_dnnl_build(krn_call *c, pool_state *s) {
+    const krn_pool_params *p = c->params;
+    const eng_tensor *x = &c->in[0], *y = &c->out[0];
+    if (p->kind == KRN_POOL_LP || p->nspatial != 2) return ENG_STATUS_UNSUPPORTED;
+    dnnl_dims_t sd, dd, st, kd, dl, pl, pr;
+    for (int i = 0; i < 4; i++) sd[i] = x->dims[i], dd[i] = y->dims[i];
+    for (int i = 0; i < 2; i++) {
+        int64_t ext = (p->kernel[i] - 1) * p->dilations[i] + 1;
+        st[i] = p->strides[i], kd[i] = p->kernel[i], dl[i] = p->dilations[i] - 1;
+        pl[i] = p->pads[i], pr[i] = p->pads[2 + i];
+        if ((sd[2 + i] + pl[i] + pr[i] - ext) / st[i] + 1 != dd[2 + i]) { /* ceil_mode: extend the end padding */
+            if (p->kind == KRN_POOL_AVG && p->count_include_pad) return ENG_STATUS_UNSUPPORTED;
+            pr[i] = (dd[2 + i] - 1) * st[i] + ext - sd[2 + i] - pl[i];
+        }
+    }
+    dnnl_format_tag_t tag = sd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
+    dnnl_memory_desc_t smd, dmd;
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, 4, sd, dnnl_f32, tag));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, 4, dd, dnnl_f32, tag));
+    dnnl_alg_kind_t alg = p->kind == KRN_POOL_MAX ? dnnl_pooling_max
+                          : p->count_include_pad ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding;
+    dnnl_pooling_v2_desc_t pdsc;
+    KRN_DNNL_CHECK(dnnl_pooling_v2_forward_desc_init(&pdsc, dnnl_forward_inference, alg, &smd, &dmd, st, kd, dl, pl, pr));
+    ENG_TRY(krn_dnnl_prim(&pdsc, NULL, NULL, &s->pd, &s->prim, &s->mscratch));
+    if (krn_dnnl_is_ref(s->pd)) return ENG_STATUS_UNSUPPORTED;
+    dnnl_engine_t eng;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    KRN_DNNL_CHECK(dnnl_memory_create(&s->msrc, &smd, eng, DNNL_MEMORY_NONE));
+    KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, &dmd, eng, DNNL_MEMORY_NONE));
+    char t[32];
+    krn_dnnl_md_str(&smd, t, sizeof t);
+    snprintf(s->desc, sizeof s->desc, "%s src %s dst %s", krn_dnnl_impl_name(s->pd), t, t);
+    return ENG_STATUS_OK;
+}
+
+eng_status krn_cpu_pool_init(krn_call *c) {
+    const krn_pool_params *p = c->params;
+    if (p->y_layout != KRN_NN_LAYOUT_BLOCKED || p->global) return ENG_STATUS_OK;
+    if (c->in[0].dtype != ENG_DTYPE_F32 || c->in[0].ndim != 4 || p->x_layout != KRN_NN_LAYOUT_BLOCKED)
+        return eng_err(ENG_STATUS_INTERNAL, "blocked pool output needs a blocked 4-D float32 input");
+    pool_state *s = calloc(1, sizeof *s);
+    if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool state");
+    c->state = s;
+    krn_dnnl_set_threads(c->nthreads);
+    eng_status st = pool_dnnl_build(c, s);
+    if (st == ENG_STATUS_OK) return st;
+    if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
+    eng_err_clear();
+    krn_cpu_pool_free(s);
+    s = calloc(1, sizeof *s);
+    c->state = s;
+    if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool state");
+    const eng_tensor *y = &c->out[0];
+    dnnl_dims_t dd;
+    for (int i = 0; i < 4; i++) dd[i] = y->dims[i];
+    dnnl_memory_desc_t pmd, bmd;
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&pmd, 4, dd, dnnl_f32, dnnl_nchw));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, 4, dd, dnnl_f32, dd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc));
+    ENG_TRY(krn_dnnl_reorder_init(&s->rdst, &pmd, &bmd));
+    if (!(s->tmp = eng_alloc(eng_tensor_nbytes(y)))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool: blocked output");
+    snprintf(s->desc, sizeof s->desc, "tensord loops +reorder(dst)");
+    return ENG_STATUS_OK;
+}
+
+void krn_cpu_pool_describe(const krn_call *c, krn_impl_info *info) {
+    const pool_state *s = c->state;
+    memset(info, 0, sizeof *info);
+    if (s) {
+        snprintf(info->impl, sizeof info->impl, "%s", s->desc);
+        info->reorders = s->rdst.prim != NULL;
+    } else {
+        const krn_pool_params *p = c->params;
+        snprintf(info->impl, sizeof info->impl, "tensord loops%s", p->x_layout == KRN_NN_LAYOUT_BLOCKED ? " (blocked X)" : "");
+    }
+}
+
+static eng_status pool_exec_plain_y(krn_call *c);
+
 eng_status krn_cpu_pool_exec(krn_call *c) {
+    pool_state *s = c->state;
+    if (!s || eng_tensor_numel(&c->out[0]) == 0) return pool_exec_plain_y(c);
+    dnnl_stream_t stream;
+    ENG_TRY(krn_dnnl_stream(&stream));
+    krn_dnnl_set_threads(c->nthreads);
+    if (s->prim) {
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, c->in[0].data));
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, c->out[0].data));
+        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_DST, s->mdst}};
+        int na = 2;
+        if (s->mscratch) args[na].arg = DNNL_ARG_SCRATCHPAD, args[na++].memory = s->mscratch;
+        KRN_DNNL_CHECK(dnnl_primitive_execute(s->prim, stream, na, args));
+    } else {
+        eng_tensor yt = c->out[0];
+        yt.data = s->tmp;
+        krn_call c2 = *c;
+        c2.out = &yt;
+        c2.state = NULL;
+        ENG_TRY(pool_exec_plain_y(&c2));
+        ENG_TRY(krn_dnnl_reorder_run(&s->rdst, stream, s->tmp, c->out[0].data));
+    }
+    KRN_DNNL_CHECK(dnnl_stream_wait(stream));
+    return ENG_STATUS_OK;
+}
+
+/* Y in plain NCHW (or a Global* output, the same bytes in every layout); X plain or BLOCKED. */
+static eng_status pool_exec_plain_y(krn_call *c) {
     const krn_pool_params *p = c->params;
     pool_geo g;
     pool_geo_get(p, &c->in[0], &c->out[0], &g);
@@ -280,7 +416,7 @@ eng_status krn_cpu_pool_exec(krn_call *c) {
         krn_call c2 = *c;
         c2.in = &xin;
         c2.params = &pp;
-        eng_status st = krn_cpu_pool_exec(&c2);
+        eng_status st = pool_exec_plain_y(&c2);
         eng_free(tmp);
         return st;
     }

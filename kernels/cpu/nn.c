@@ -13,6 +13,7 @@
 #include <cblas.h>
 #include <dnnl.h>
 #include <immintrin.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,8 +23,15 @@
 extern eng_status krn_cpu_conv_init(krn_call *c);
 extern eng_status krn_cpu_conv_exec(krn_call *c);
 extern void krn_cpu_conv_free(void *s);
-extern eng_status krn_cpu_convt_exec(krn_call *c);
+extern void krn_cpu_conv_describe(const krn_call *c, krn_impl_info *info);
+extern eng_status krn_cpu_deconv_init(krn_call *c);
+extern eng_status krn_cpu_deconv_exec(krn_call *c);
+extern void krn_cpu_deconv_free(void *s);
+extern void krn_cpu_deconv_describe(const krn_call *c, krn_impl_info *info);
 extern eng_status krn_cpu_pool_exec(krn_call *c);
+extern eng_status krn_cpu_pool_init(krn_call *c);
+extern void krn_cpu_pool_free(void *s);
+extern void krn_cpu_pool_describe(const krn_call *c, krn_impl_info *info);
 
 enum { MM_REF = 0, MM_DNNL, MM_BLAS, MM_GEMV };
 
@@ -313,7 +321,8 @@ static eng_status mm_init(krn_call *c) {
     }
     if (sh.M > 0 && sh.N > 0 && sh.K > 0 && eng_tensor_numel(&c->out[0]) > 0) {
         eng_status st = mm_dnnl_build(c, s, &sh);
-        if (st == ENG_STATUS_OK) return st;
+        /* oneDNN's reference matmul is never kept: OpenBLAS's sgemm is the faster fallback */
+        if (st == ENG_STATUS_OK && (!krn_dnnl_is_ref(s->pd) || getenv("TENSORD_MM_KEEP_REF"))) return st;
         if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
         eng_err_clear();
         mm_free(s);
@@ -442,6 +451,23 @@ static eng_status mm_exec(krn_call *c) {
     return ENG_STATUS_OK;
 }
 
+static void mm_describe(const krn_call *c, krn_impl_info *info) {
+    const mm_state *s = c->state;
+    memset(info, 0, sizeof *info);
+    if (s && s->mode == MM_GEMV) snprintf(info->impl, sizeof info->impl, "gemv panels (avx512)");
+    else if (s && s->mode == MM_BLAS) snprintf(info->impl, sizeof info->impl, "openblas sgemm");
+    else if (s && s->mode == MM_DNNL) {
+        char a[48], b[48];
+        krn_dnnl_md_str(dnnl_primitive_desc_query_md(s->pd, dnnl_query_weights_md, 0), b, sizeof b);
+        krn_dnnl_md_str(dnnl_primitive_desc_query_md(s->pd, dnnl_query_src_md, 0), a, sizeof a);
+        snprintf(info->impl, sizeof info->impl, "%s src %s wei %s", krn_dnnl_impl_name(s->pd), a, b);
+        info->slow = krn_dnnl_is_ref(s->pd);
+    } else {
+        snprintf(info->impl, sizeof info->impl, "reference loops (%s)", eng_dtype_name(c->in[0].dtype));
+        info->slow = c->in[0].dtype == ENG_DTYPE_F32 && eng_tensor_numel(&c->out[0]) > 0;
+    }
+}
+
 static eng_status mm_init_checked(krn_call *c) {
     eng_status st = mm_init(c);
     if (st != ENG_STATUS_OK) {
@@ -452,9 +478,9 @@ static eng_status mm_init_checked(krn_call *c) {
 }
 
 const krn_kernel krn_cpu_nn_kernels[] = {
-    {"matmul", mm_init_checked, mm_exec, mm_free},
-    {"conv", krn_cpu_conv_init, krn_cpu_conv_exec, krn_cpu_conv_free},
-    {"conv_transpose", NULL, krn_cpu_convt_exec, NULL},
-    {"pool", NULL, krn_cpu_pool_exec, NULL},
+    {"matmul", mm_init_checked, mm_exec, mm_free, mm_describe},
+    {"conv", krn_cpu_conv_init, krn_cpu_conv_exec, krn_cpu_conv_free, krn_cpu_conv_describe},
+    {"conv_transpose", krn_cpu_deconv_init, krn_cpu_deconv_exec, krn_cpu_deconv_free, krn_cpu_deconv_describe},
+    {"pool", krn_cpu_pool_init, krn_cpu_pool_exec, krn_cpu_pool_free, krn_cpu_pool_describe},
     {NULL},
 };

@@ -1,11 +1,10 @@
-/* reduce-loss.c - CPU kernels for NegativeLogLikelihoodLoss / SoftmaxCrossEntropyLoss, Einsum and Det.
+/* reduce-loss.c - CPU kernels for NegativeLogLikelihoodLoss / SoftmaxCrossEntropyLoss and Det (Einsum is in
+ * reduce-einsum.c).
  *
  * All compute in double and convert the results to the output dtype. Losses: input (N, C, D) with
  * D = prod(d1..dk), target (N, D); a target equal to ignore_index contributes 0 loss and 0 weight, any other
  * target outside [0, C) is an INVALID_ARGUMENT error naming the position. "mean" divides by the sum of the
- * weights of the counted targets. Einsum walks every combination of subscript values (output subscripts
- * outermost) with per-operand strides - simple and general (diagonals, broadcasting ellipses), O(product of
- * all subscript sizes). Det: LU with partial pivoting per matrix.
+ * weights of the counted targets. Det: LU with partial pivoting per matrix.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -16,7 +15,6 @@
 #include "reduce-math.h"
 
 eng_status krn_cpu_loss_exec(krn_call *c);
-eng_status krn_cpu_einsum_exec(krn_call *c);
 eng_status krn_cpu_det_exec(krn_call *c);
 
 /* ---- losses ---- */
@@ -74,67 +72,6 @@ eng_status krn_cpu_loss_exec(krn_call *c) {
     free(lp);
     free(loss);
     if (xo) eng_free((void *)xd);
-    return st;
-}
-
-/* ---- Einsum ---- */
-
-eng_status krn_cpu_einsum_exec(krn_call *c) {
-    const krn_einsum_params *p = c->params;
-    /* used ids: output ids first (in output order), then contracted ids */
-    int used[KRN_EINSUM_MAX_IDS], nused = 0, is_used[KRN_EINSUM_MAX_IDS] = {0};
-    for (int j = 0; j < p->out_rank; j++)
-        if (!is_used[p->out_ids[j]]) is_used[p->out_ids[j]] = 1, used[nused++] = p->out_ids[j];
-    for (int k = 0; k < p->nops; k++)
-        for (int j = 0; j < p->op_rank[k]; j++)
-            if (!is_used[p->op_ids[k][j]]) is_used[p->op_ids[k][j]] = 1, used[nused++] = p->op_ids[k][j];
-    int pos[KRN_EINSUM_MAX_IDS];
-    for (int u = 0; u < nused; u++) pos[used[u]] = u;
-    /* per-operand stride for each used id (repeated subscripts add up: diagonals; size-1 dims broadcast) */
-    int64_t stride[KRN_EINSUM_MAX_OPS + 1][KRN_EINSUM_MAX_IDS];
-    memset(stride, 0, sizeof stride);
-    for (int k = 0; k < p->nops; k++) {
-        int64_t s = 1;
-        for (int j = p->op_rank[k] - 1; j >= 0; j--) {
-            int64_t dim = c->in[k].dims[j];
-            if (dim != 1) stride[k][pos[p->op_ids[k][j]]] += s;
-            s *= dim;
-        }
-    }
-    int64_t s = 1;
-    for (int j = p->out_rank - 1; j >= 0; j--) {
-        stride[p->nops][pos[p->out_ids[j]]] = s;
-        s *= p->id_size[p->out_ids[j]];
-    }
-    eng_tensor *y = &c->out[0];
-    int64_t ny = eng_tensor_numel(y);
-    double *acc = calloc((size_t)(ny > 0 ? ny : 1), sizeof *acc);
-    const double *xs[KRN_EINSUM_MAX_OPS] = {0};
-    int owned[KRN_EINSUM_MAX_OPS] = {0};
-    eng_status st = acc ? ENG_STATUS_OK : eng_err(ENG_STATUS_OUT_OF_MEMORY, "einsum accumulator of %lld", (long long)ny);
-    for (int k = 0; st == ENG_STATUS_OK && k < p->nops; k++)
-        if (!(xs[k] = krn_red_as(&c->in[k], ENG_DTYPE_F64, &owned[k]))) st = ENG_STATUS_OUT_OF_MEMORY;
-    int64_t total = 1;
-    for (int u = 0; u < nused; u++) total *= p->id_size[used[u]];
-    if (st == ENG_STATUS_OK && total > 0) {
-        int64_t idx[KRN_EINSUM_MAX_IDS] = {0}, off[KRN_EINSUM_MAX_OPS + 1] = {0};
-        for (int64_t it = 0; it < total; it++) {
-            double v = 1;
-            for (int k = 0; k < p->nops; k++) v *= xs[k][off[k]];
-            acc[off[p->nops]] += v;
-            for (int u = nused - 1; u >= 0; u--) {
-                int64_t sz = p->id_size[used[u]];
-                for (int k = 0; k <= p->nops; k++) off[k] += stride[k][u];
-                if (++idx[u] < sz) break;
-                for (int k = 0; k <= p->nops; k++) off[k] -= stride[k][u] * sz;
-                idx[u] = 0;
-            }
-        }
-    }
-    if (st == ENG_STATUS_OK) st = eng_convert(acc, ENG_DTYPE_F64, y->data, y->dtype, ny);
-    for (int k = 0; k < p->nops; k++)
-        if (owned[k]) eng_free((void *)xs[k]);
-    free(acc);
     return st;
 }
 

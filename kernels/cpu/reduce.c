@@ -61,7 +61,9 @@ eng_status krn_cpu_instnorm_exec(krn_call *c);
 eng_status krn_cpu_lrn_exec(krn_call *c);
 eng_status krn_cpu_mvn_exec(krn_call *c);
 eng_status krn_cpu_loss_exec(krn_call *c);
+eng_status krn_cpu_einsum_init(krn_call *c);
 eng_status krn_cpu_einsum_exec(krn_call *c);
+void krn_cpu_einsum_free(void *state);
 eng_status krn_cpu_det_exec(krn_call *c);
 
 static int reduce_comb(krn_reduce_op op) {
@@ -195,7 +197,7 @@ const krn_kernel krn_cpu_reduce_kernels[] = {
     {"lrn", NULL, krn_cpu_lrn_exec, NULL},
     {"mvn", NULL, krn_cpu_mvn_exec, NULL},
     {"loss", NULL, krn_cpu_loss_exec, NULL},
-    {"einsum", NULL, krn_cpu_einsum_exec, NULL},
+    {"einsum", krn_cpu_einsum_init, krn_cpu_einsum_exec, krn_cpu_einsum_free},
     {"det", NULL, krn_cpu_det_exec, NULL},
     {NULL},
 };
