@@ -124,14 +124,15 @@ static int fz_writable_init(fz_ctx *z, int v, const char *suffix, float **data) 
     return nv;
 }
 
-/* A new zero float32 bias [m] for a Conv without one. */
-static int fz_new_bias(fz_ctx *z, const char *base, int64_t m, float **data) {
+/* A new zeroed float32 initializer named <base><suffix><k>; returns its value index, -1 when out of memory. */
+static int fz_new_init(fz_ctx *z, const char *base, const char *suffix, int ndim, const int64_t *dims, float **data) {
     eng_graph *g = z->g;
     eng_tensor *t = calloc(1, sizeof *t);
     if (!t) return -1;
     t->dtype = ENG_DTYPE_F32;
-    t->ndim = 1;
-    t->dims[0] = m;
+    t->ndim = ndim;
+    memcpy(t->dims, dims, (size_t)ndim * sizeof *dims);
+    int64_t m = eng_tensor_numel(t);
     t->data = eng_alloc((size_t)(m ? m : 1) * sizeof(float));
     if (!t->data) {
         free(t);
@@ -140,7 +141,7 @@ static int fz_new_bias(fz_ctx *z, const char *base, int64_t m, float **data) {
     memset(t->data, 0, (size_t)m * sizeof(float));
     char name[512];
     int k = 0;
-    do snprintf(name, sizeof name, "%s_fused_bias%d", base, k++);
+    do snprintf(name, sizeof name, "%s%s%d", base, suffix, k++);
     while (eng_graph_find_value(g, name) >= 0 && k < 100);
     int nv = eng_graph_add_value(g, name);
     if (nv < 0) {
@@ -149,10 +150,15 @@ static int fz_new_bias(fz_ctx *z, const char *base, int64_t m, float **data) {
     }
     eng_value_set_init(g, nv, t);
     g->values[nv].dtype = ENG_DTYPE_F32;
-    g->values[nv].ndim = 1;
-    g->values[nv].dims[0] = m;
+    g->values[nv].ndim = ndim;
+    memcpy(g->values[nv].dims, dims, (size_t)ndim * sizeof *dims);
     *data = t->data;
     return nv;
+}
+
+/* A new zero float32 bias [m] for a Conv without one. */
+static int fz_new_bias(fz_ctx *z, const char *base, int64_t m, float **data) {
+    return fz_new_init(z, base, "_fused_bias", 1, &m, data);
 }
 
 /* Make sure node n has input slot idx (filling with -1). */
@@ -533,6 +539,39 @@ static int fz_layout_free_const(const eng_graph *g, int v) {
     return t->ndim >= 3 && t->ndim <= 4 && t->dims[t->ndim - 1] == 1 && t->dims[t->ndim - 2] == 1;
 }
 
+/* Channel count of a 4-D activation where the graph fixes it: a conv's W, carried through pools and
+ * elementwise ops, summed over a channel Concat; -1 when unknown. */
+static int64_t fz_channels(const eng_graph *g, int v, int depth) {
+    int p = v >= 0 ? g->values[v].producer : -1;
+    if (p < 0 || depth <= 0) return v >= 0 && g->values[v].ndim == 4 && g->values[v].dims[1] > 0 ? g->values[v].dims[1] : -1;
+    const eng_node *n = &g->nodes[p];
+    if (fz_is_conv2d(g, n)) return fz_const_f32(g, n->inputs[1])->dims[0];
+    if (fz_is_op(n, "Concat")) {
+        int64_t sum = 0;
+        for (int k = 0; k < n->nin; k++) {
+            int64_t c = fz_channels(g, n->inputs[k], depth - 1);
+            if (c < 0) return -1;
+            sum += c;
+        }
+        return sum;
+    }
+    if (fz_is_pool_blockable(n) || fz_is_ew_blockable(n) == 1) return fz_channels(g, n->inputs[0], depth - 1);
+    return -1;
+}
+
+/* A channel Concat of 4-D activations whose channel counts are all multiples of 16: on nChw16c tensors it is the
+ * same byte copy as on NCHW ones (each image's part of each input is one contiguous run), so it runs unchanged. */
+static int fz_is_concat_blockable(const eng_graph *g, const eng_node *n) {
+    if (!fz_is_op(n, "Concat") || !fz_one_output(n) || n->nin < 1) return 0;
+    int64_t axis = eng_node_attr_int(n, "axis", 0);
+    if (axis != 1 && axis != -3) return 0;
+    for (int k = 0; k < n->nin; k++) {
+        int64_t c = fz_channels(g, n->inputs[k], 16);
+        if (c <= 0 || c % 16) return 0;
+    }
+    return 1;
+}
+
 /* Layout negotiation: which 4-D float32 activations live BLOCKED (see krn_nn_layout) instead of plain NCHW.
  * Producers that can write BLOCKED: convs with a 4-D weight; pools whose input is BLOCKED (Global* outputs are
  * [N,C,1,1], the same bytes in every layout); elementwise ops whose every activation input is BLOCKED and whose
@@ -552,10 +591,11 @@ static eng_status fz_layouts(fz_ctx *z) {
         free(cls);
         return eng_err(ENG_STATUS_OUT_OF_MEMORY, "layout pass");
     }
-    enum { C_NONE, C_CONV, C_POOL, C_EW };
+    enum { C_NONE, C_CONV, C_POOL, C_EW, C_CAT };
     for (int i = 0; i < g->nnodes; i++) {
         const eng_node *n = &g->nodes[i];
-        cls[i] = fz_is_conv2d(g, n) ? C_CONV : fz_is_pool_blockable(n) ? C_POOL : fz_is_ew_blockable(n) ? C_EW : C_NONE;
+        cls[i] = fz_is_conv2d(g, n) ? C_CONV : fz_is_pool_blockable(n) ? C_POOL : fz_is_ew_blockable(n) ? C_EW
+                 : fz_is_concat_blockable(g, n) ? C_CAT : C_NONE;
         blk[i] = cls[i] != C_NONE;
     }
     for (int changed = 1; changed;) {
@@ -571,7 +611,7 @@ static eng_status fz_layouts(fz_ctx *z) {
                     uses++;
                     if (k == 0 && (cls[j] == C_CONV || cls[j] == C_POOL)) continue;
                     if (k == 3 && cls[j] == C_CONV && blk[j]) continue;
-                    if (cls[j] == C_EW && blk[j]) continue;
+                    if ((cls[j] == C_EW || cls[j] == C_CAT) && blk[j]) continue;
                     ok = 0;
                 }
             }
@@ -585,6 +625,11 @@ static eng_status fz_layouts(fz_ctx *z) {
                 int px = n->inputs[0] >= 0 ? g->values[n->inputs[0]].producer : -1;
                 if (px < 0 || !blk[px]) ok = 0;
             }
+            if (ok && cls[i] == C_CAT)
+                for (int k = 0; k < n->nin && ok; k++) {
+                    int pk = n->inputs[k] >= 0 ? g->values[n->inputs[k]].producer : -1;
+                    if (pk < 0 || !blk[pk]) ok = 0;
+                }
             if (ok && cls[i] == C_EW) {
                 int acts = 0;
                 for (int k = 0; k < n->nin && ok; k++) {
@@ -601,7 +646,7 @@ static eng_status fz_layouts(fz_ctx *z) {
     eng_status st = ENG_STATUS_OK;
     for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
         const eng_node *n = &g->nodes[i];
-        if (blk[i] && cls[i] == C_EW) st = fz_add_attr_int(g, i, "layout", KRN_NN_LAYOUT_BLOCKED);
+        if (blk[i] && (cls[i] == C_EW || cls[i] == C_CAT)) st = fz_add_attr_int(g, i, "layout", KRN_NN_LAYOUT_BLOCKED);
         else if (blk[i]) st = fz_add_attr_int(g, i, "y_layout", KRN_NN_LAYOUT_BLOCKED);
         if (st == ENG_STATUS_OK && n->nin > 0 && n->inputs[0] >= 0 && (cls[i] == C_CONV || cls[i] == C_POOL)) {
             int px = g->values[n->inputs[0]].producer;
@@ -688,15 +733,85 @@ static int fz_only_node_uses(const fz_ctx *z, int v) {
     return fz_uses(z, v) == direct;
 }
 
-/* Constant nodes (the tensor form, as exporters write scalars) become initializers, and Identity nodes of an
- * initializer (how torch.onnx shares a deduplicated weight) are bypassed, so every rule here sees those values
- * as constants. Graph outputs and subgraph references keep their nodes. */
+/* v is known to be 4-D: declared so, or made by an op that keeps a 4-D input's rank (checked depth levels up). */
+static int fz_rank4(const eng_graph *g, int v, int depth) {
+    if (v < 0) return 0;
+    if (g->values[v].ndim == 4) return 1;
+    int p = g->values[v].producer;
+    if (p < 0 || depth <= 0) return 0;
+    const eng_node *n = &g->nodes[p];
+    if (fz_is_conv2d(g, n)) return 1;
+    static const char *const keep[] = {"Concat", "Relu", "Add", "Mul", "MaxPool", "AveragePool", "BatchNormalization",
+                                       "Clip", "Sigmoid", "GlobalAveragePool", "Dropout", "Identity", "Pad", NULL};
+    for (int i = 0; keep[i]; i++)
+        if (fz_is_op(n, keep[i])) return n->nin > 0 && fz_rank4(g, n->inputs[0], depth - 1);
+    return 0;
+}
+
+/* A BatchNormalization that no conv absorbed, over a 4-D input (DenseNet's and pre-activation nets' BN -> Relu
+ * -> Conv), becomes a depthwise 1x1 Conv with W = scale / sqrt(var + eps), B = bias - mean * W (computed in
+ * double): then it takes a fused activation and joins the layout pass like any conv. */
+static eng_status fz_bn_standalone(fz_ctx *z, int bi) {
+    eng_graph *g = z->g;
+    eng_node *n = &g->nodes[bi];
+    if (n->nin != 5 || !fz_one_output(n) || eng_node_attr_int(n, "training_mode", 0) || !fz_rank4(g, n->inputs[0], 8))
+        return ENG_STATUS_OK;
+    const eng_tensor *p[4];
+    for (int i = 0; i < 4; i++)
+        if (!(p[i] = fz_const_f32(g, n->inputs[1 + i])) || p[i]->ndim != 1 || p[i]->dims[0] != p[0]->dims[0])
+            return ENG_STATUS_OK;
+    int64_t C = p[0]->dims[0], wd[4] = {C, 1, 1, 1};
+    double eps = eng_node_attr_float(n, "epsilon", 1e-5f);
+    float *w, *b;
+    int wv = fz_new_init(z, n->name, "_dw_w", 4, wd, &w), bv = wv < 0 ? -1 : fz_new_bias(z, n->name, C, &b);
+    if (wv < 0 || bv < 0) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "rewriting BatchNormalization '%s'", n->name);
+    n = &g->nodes[bi];
+    const float *sc = p[0]->data, *bi_ = p[1]->data, *mean = p[2]->data, *var = p[3]->data;
+    for (int64_t c = 0; c < C; c++) {
+        double a = (double)sc[c] / sqrt((double)var[c] + eps);
+        w[c] = (float)a;
+        b[c] = (float)((double)bi_[c] - (double)mean[c] * a);
+    }
+    n->inputs[1] = wv, n->inputs[2] = bv;
+    n->nin = 3;
+    for (int i = 0; i < n->nattr; i++) eng_attr_clear(&n->attrs[i]);
+    n->nattr = 0;
+    ENG_TRY(fz_set_op(n, "Conv", ""));
+    ENG_TRY(fz_add_attr_int(g, bi, "group", C));
+    z->changed = 1;
+    return fz_conv(z, bi);
+}
+
+/* A node that passes its first input through unchanged: Identity, single-output Dropout (inference), and Pad
+ * whose pads are all zero (torch.onnx writes one before every AveragePool). */
+static int fz_is_noop(const eng_graph *g, const eng_node *n) {
+    if (!fz_one_output(n) || n->nin < 1 || n->inputs[0] < 0) return 0;
+    if (fz_is_op(n, "Identity")) return 1;
+    if (fz_is_op(n, "Dropout")) return n->nout == 1 && (n->nin < 3 || n->inputs[2] < 0) && !eng_node_attr_int(n, "training_mode", 0);
+    if (!fz_is_op(n, "Pad")) return 0;
+    const int64_t *pa = NULL;
+    int np = -1;
+    if (g->opset < 11) np = eng_node_attr_ints(n, "pads", &pa);
+    else if (n->nin > 1 && n->inputs[1] >= 0 && g->values[n->inputs[1]].init &&
+             g->values[n->inputs[1]].init->dtype == ENG_DTYPE_I64 && !fz_is_graph_input(g, n->inputs[1])) {
+        pa = g->values[n->inputs[1]].init->data;
+        np = (int)eng_tensor_numel(g->values[n->inputs[1]].init);
+    }
+    if (np < 0 || (n->nin > 3 && n->inputs[3] >= 0)) return 0; /* unknown pads, or axes given */
+    for (int k = 0; k < np; k++)
+        if (pa[k]) return 0;
+    return 1;
+}
+
+/* Constant nodes (the tensor form, as exporters write scalars) become initializers, and no-op nodes (Identity,
+ * which is how torch.onnx shares a deduplicated weight; inference Dropout; all-zero Pad) are bypassed, so the
+ * rules here see constants as constants and activations run straight from producer to consumer. Graph outputs
+ * and subgraph references keep their nodes. */
 static eng_status fz_hoist_constants(fz_ctx *z) {
     eng_graph *g = z->g;
     for (int i = 0; i < g->nnodes; i++) {
         eng_node *n = &g->nodes[i];
-        if (!z->dead[i] && fz_is_op(n, "Identity") && n->nin == 1 && fz_one_output(n) &&
-            fz_const_f32(g, n->inputs[0]) && fz_only_node_uses(z, n->outputs[0])) {
+        if (!z->dead[i] && fz_is_noop(g, n) && fz_only_node_uses(z, n->outputs[0])) {
             int from = n->outputs[0], to = n->inputs[0];
             for (int j = 0; j < g->nnodes; j++)
                 for (int k = 0; !z->dead[j] && k < g->nodes[j].nin; k++)
@@ -736,6 +851,7 @@ eng_status eng_graph_fuse(eng_graph *g) {
         if (z.dead[i]) continue;
         const eng_node *n = &g->nodes[i];
         if (fz_is_op(n, "Conv")) st = fz_conv(&z, i);
+        else if (fz_is_op(n, "BatchNormalization")) st = fz_bn_standalone(&z, i);
         else if (fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm")) st = fz_matmul(&z, i);
     }
     eng_status cst = fz_compact(&z); /* also after a failure: moved nodes leave dead slots behind */

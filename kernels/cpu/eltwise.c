@@ -314,6 +314,47 @@ static int ew_blocked_view(eng_tensor *t, int64_t C) {
     return 1;
 }
 
+/* x (op) s for float32 x [N, C, H, W] and a per-channel s (broadcast over H and W: [N|1, C, 1, 1], [C, 1, 1]),
+ * both in physical order (ew_blocked_view): rows of `lane` channels (16 in nChw16c, C in NHWC) times H*W
+ * pixels, s indexed by (n, channel block). The SE block's scale and folded per-channel constants. Returns 0
+ * when the shapes are not that (the general broadcast then runs). */
+static int ew_blocked_channel_op(int op, const eng_tensor *x, const eng_tensor *sc, int s_first, eng_tensor *out,
+                                 int nthreads) {
+    if (x->dtype != ENG_DTYPE_F32 || sc->dtype != ENG_DTYPE_F32 || !eng_shape_equal(x, out)) return 0;
+    if (op != KRN_BIN_ADD && op != KRN_BIN_SUB && op != KRN_BIN_MUL && op != KRN_BIN_DIV) return 0;
+    int nd = x->ndim;
+    int64_t outer, hw, lane, sn = 1;
+    if (nd == 5) { /* [N, C/16, H, W, 16] and [N|1, C/16, 1, 1, 16] */
+        if (sc->ndim != 5 || sc->dims[1] != x->dims[1] || sc->dims[2] != 1 || sc->dims[3] != 1 || sc->dims[4] != 16) return 0;
+        outer = x->dims[0] * x->dims[1], hw = x->dims[2] * x->dims[3], lane = 16;
+    } else if (nd == 4) { /* NHWC [N, H, W, C] and [N|1, 1, 1, C] */
+        if (sc->ndim != 4 || sc->dims[1] != 1 || sc->dims[2] != 1 || sc->dims[3] != x->dims[3]) return 0;
+        outer = x->dims[0], hw = x->dims[1] * x->dims[2], lane = x->dims[3];
+    } else {
+        return 0;
+    }
+    if (sc->dims[0] != 1 && sc->dims[0] != x->dims[0]) return 0;
+    sn = sc->dims[0];
+    const float *X = x->data, *S = sc->data;
+    float *Y = out->data;
+    int64_t per_n = outer / x->dims[0];
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (outer * hw * lane > 32768)
+    for (int64_t o = 0; o < outer; o++) {
+        const float *xs = X + o * hw * lane, *ss = S + (sn == 1 ? o % per_n : o) * lane;
+        float *ys = Y + o * hw * lane;
+        for (int64_t i = 0; i < hw; i++)
+            for (int64_t l = 0; l < lane; l++) {
+                float a = xs[i * lane + l], b = ss[l];
+                if (s_first) {
+                    float t = a;
+                    a = b, b = t;
+                }
+                ys[i * lane + l] = op == KRN_BIN_ADD ? a + b : op == KRN_BIN_SUB ? a - b : op == KRN_BIN_MUL ? a * b : a / b;
+            }
+    }
+    return 1;
+}
+
 static eng_status binary_exec(krn_call *c) {
     const krn_binary_params *p = c->params;
     eng_tensor a = c->in[0], b = c->in[1];
@@ -325,6 +366,9 @@ static eng_status binary_exec(krn_call *c) {
             return eng_err(ENG_STATUS_INTERNAL, "%s on blocked tensors: an input's channel dim is neither %lld nor 1",
                            ew_binop_name(p->op), (long long)C);
         out = &ob;
+        if (ew_blocked_channel_op(p->op, &a, &b, 0, out, c->nthreads) ||
+            ew_blocked_channel_op(p->op, &b, &a, 1, out, c->nthreads))
+            return ENG_STATUS_OK;
     }
     if (p->b_override) {
         b.ndim = p->b_ndim;

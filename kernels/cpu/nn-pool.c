@@ -124,14 +124,18 @@ POOL_IMPL(pool_ref_i8, int8_t, POOL_ID, POOL_I8_STORE, -128)
 POOL_IMPL(pool_ref_u8, uint8_t, POOL_ID, POOL_U8_STORE, 0)
 POOL_IMPL(pool_ref_f32, float, POOL_ID, POOL_F32_STORE, -FLT_MAX)
 
-/* Fast float32 path for the common 2-D MaxPool without padding/dilation/indices: plain float compares. */
-static int pool_max2d_f32_fast(const krn_call *c, const pool_geo *g) {
+/* The common 2-D MaxPool without padding/dilation/indices whose windows lie inside X (pool_max2d_f32_fast). */
+static int pool_max2d_plain_fits(const krn_call *c, const pool_geo *g) {
     const krn_pool_params *p = c->params;
     if (p->kind != KRN_POOL_MAX || c->nout > 1 || g->d[1] != 1 || g->d[2] != 1 || g->pb[1] || g->pb[2] ||
         g->in[0] != 1 || g->k[0] != 1)
         return 0;
-    /* every window must lie inside the input */
-    if ((g->out[1] - 1) * g->s[1] + g->k[1] > g->in[1] || (g->out[2] - 1) * g->s[2] + g->k[2] > g->in[2]) return 0;
+    return (g->out[1] - 1) * g->s[1] + g->k[1] <= g->in[1] && (g->out[2] - 1) * g->s[2] + g->k[2] <= g->in[2];
+}
+
+/* Fast float32 path for pool_max2d_plain_fits: plain float compares. */
+static int pool_max2d_f32_fast(const krn_call *c, const pool_geo *g) {
+    if (!pool_max2d_plain_fits(c, g)) return 0;
     const float *X = c->in[0].data;
     float *Y = c->out[0].data;
     int64_t H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2], KH = g->k[1], KW = g->k[2];
@@ -292,7 +296,9 @@ void krn_cpu_pool_free(void *v) {
     free(s);
 }
 
-static eng_status pool_dnnl_build(krn_call *c, pool_state *s) {
+/* oneDNN pooling with X and Y both in `tag` (nChw16c / NHWC for BLOCKED, NCHW for plain). UNSUPPORTED when
+ * oneDNN has only its reference kernel or cannot express the pads (count_include_pad with ceil_mode). */
+static eng_status pool_dnnl_build(krn_call *c, pool_state *s, dnnl_format_tag_t tag) {
     const krn_pool_params *p = c->params;
     const eng_tensor *x = &c->in[0], *y = &c->out[0];
     if (p->kind == KRN_POOL_LP || p->nspatial != 2) return ENG_STATUS_UNSUPPORTED;
@@ -307,7 +313,6 @@ static eng_status pool_dnnl_build(krn_call *c, pool_state *s) {
             pr[i] = (dd[2 + i] - 1) * st[i] + ext - sd[2 + i] - pl[i];
         }
     }
-    dnnl_format_tag_t tag = sd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
     dnnl_memory_desc_t smd, dmd;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, 4, sd, dnnl_f32, tag));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, 4, dd, dnnl_f32, tag));
@@ -329,14 +334,30 @@ static eng_status pool_dnnl_build(krn_call *c, pool_state *s) {
 
 eng_status krn_cpu_pool_init(krn_call *c) {
     const krn_pool_params *p = c->params;
-    if (p->y_layout != KRN_NN_LAYOUT_BLOCKED || p->global) return ENG_STATUS_OK;
+    if (p->global || c->nout > 1 || c->in[0].dtype != ENG_DTYPE_F32 || eng_tensor_numel(&c->out[0]) == 0)
+        return ENG_STATUS_OK;
+    if (p->y_layout != KRN_NN_LAYOUT_BLOCKED) {
+        /* plain -> plain 2-D pools that the fast loop does not take (padding, AveragePool): oneDNN's kernel */
+        pool_geo g;
+        pool_geo_get(p, &c->in[0], &c->out[0], &g);
+        if (p->x_layout != KRN_NN_LAYOUT_PLAIN || p->nspatial != 2 || pool_max2d_plain_fits(c, &g)) return ENG_STATUS_OK;
+        pool_state *s = calloc(1, sizeof *s);
+        if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool state");
+        krn_dnnl_set_threads(c->nthreads);
+        eng_status st = pool_dnnl_build(c, s, dnnl_nchw);
+        if (st == ENG_STATUS_OK) c->state = s;
+        else krn_cpu_pool_free(s);
+        if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
+        eng_err_clear();
+        return ENG_STATUS_OK;
+    }
     if (c->in[0].dtype != ENG_DTYPE_F32 || c->in[0].ndim != 4 || p->x_layout != KRN_NN_LAYOUT_BLOCKED)
         return eng_err(ENG_STATUS_INTERNAL, "blocked pool output needs a blocked 4-D float32 input");
     pool_state *s = calloc(1, sizeof *s);
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool state");
     c->state = s;
     krn_dnnl_set_threads(c->nthreads);
-    eng_status st = pool_dnnl_build(c, s);
+    eng_status st = pool_dnnl_build(c, s, c->in[0].dims[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc);
     if (st == ENG_STATUS_OK) return st;
     if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
     eng_err_clear();

@@ -144,7 +144,26 @@ def case_avgpool_ceil_flatten_gemm(c):
     return g.model(g.op("Gemm", [t, w, g.const(np.zeros(10, np.float32))], transB=1))
 
 
-CASES = {f.__name__[5:]: f for f in [case_stem_pool_conv, case_residual_add_relu, case_depthwise_hardswish,
+def case_dense_block(c):
+    """DenseNet: a 3-channel stem conv, two conv branches concatenated with it, a BatchNormalization no conv
+    absorbs -> Relu -> 1x1 Conv, an all-zero Pad -> AveragePool (the transition), an Identity and an inference
+    Dropout in the chain, then a final conv."""
+    g = G(3, 12)
+    s0 = g.op("Relu", [g.conv("x", 3, c)])
+    a = g.conv(s0, c, 16)
+    b = g.conv(g.op("Identity", [s0]), c, 16, k=1, pad=0)
+    t = g.op("Concat", [s0, a, b], axis=1)
+    bn = [g.const(np.linspace(0.5, 1.5, c + 32, dtype=np.float32)), g.const(np.linspace(-0.2, 0.2, c + 32, dtype=np.float32)),
+          g.const(np.linspace(-0.1, 0.1, c + 32, dtype=np.float32)), g.const(np.linspace(0.5, 2.0, c + 32, dtype=np.float32))]
+    t = g.op("Relu", [g.op("BatchNormalization", [t] + bn, epsilon=1e-5)])
+    t = g.conv(t, c + 32, c, k=1, pad=0)
+    t = g.op("Pad", [t, g.const(np.zeros(8, dtype=np.int64))], mode="constant")
+    t = g.op("AveragePool", [t], kernel_shape=[2, 2], strides=[2, 2])
+    t = g.op("Dropout", [t])
+    return g.model(g.conv(t, c, c))
+
+
+CASES = {f.__name__[5:]: f for f in [case_dense_block, case_stem_pool_conv, case_residual_add_relu, case_depthwise_hardswish,
                                       case_se_block, case_concat_blocked, case_channel_shuffle, case_resize_conv,
                                       case_avgpool_ceil_flatten_gemm]}
 
@@ -191,3 +210,14 @@ def test_layout_case_no_slow_steps(tensord, case):
     assert "profile:" in out, f"TENSORD_PROFILE=1 printed no profile:\n{out[-2000:]}"
     slow = [l for l in out.splitlines() if "[SLOW]" in l or "slow path" in l]
     assert not slow, "slow steps:\n" + "\n".join(slow)
+
+
+def test_dense_block_stays_blocked(tensord):
+    """The DenseNet-style case at 32 channels negotiates one layout end to end: the only layout conversion is
+    the last conv's output to the graph's plain NCHW, and the BatchNormalization ran as a conv."""
+    out = _bench(tensord, case_dense_block(32), {"TENSORD_PROFILE": "1"})
+    line = [l for l in out.splitlines() if "layout reorders inside steps" in l]
+    assert line, out[-2000:]
+    n = int(line[-1].split("profile:")[1].split()[0])
+    assert n <= 1, f"expected at most 1 layout reorder, got {n}:\n{out[-4000:]}"
+    assert "BatchNormalization" not in [l.split()[1] for l in out.splitlines() if l.startswith("  ") and len(l.split()) > 2], out[-3000:]
