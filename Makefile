@@ -87,7 +87,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a Makefile
 # ---- dependencies ----
 APT_PKGS := build-essential clang libclang-rt-14-dev pkg-config libdnnl-dev libopenblas-dev libprotobuf-c-dev \
 	protobuf-c-compiler libonnx-dev libonnx-testdata libmicrohttpd-dev libcjson-dev libcriterion-dev zlib1g-dev \
-	dataset-fashion-mnist python3-venv python3-pip curl wrk
+	dataset-fashion-mnist python3-venv python3-pip curl wrk python3-torchvision python3-onnx
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	 $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $(APT_PKGS)

@@ -16,25 +16,18 @@ The iteration count per pair is min(--iterations, what fits in --budget seconds 
 --min-iterations, so the transformer at batch 64 does not dominate the wall time.
 """
 import argparse
-import datetime
 import os
-import platform
-import re
-import resource
-import subprocess
 import sys
 import time
 
 import numpy as np
-import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import machine  # noqa: E402
 import models  # noqa: E402
-
-TOL = 1e-4
+from common import (TOL, alternate, command_line, fmt, load_note, machine_info, max_rel_err,  # noqa: E402
+                    ort_session, run_tensord)
 
 
 def parse_args():
@@ -66,79 +59,6 @@ def parse_args():
     return a
 
 
-def ort_session(path, threads):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-
-
-def time_ort(sess, feeds, warmup, iterations, budget, min_iterations):
-    """Returns (outputs, per-run ms array, iteration count used, cpu seconds / wall seconds)."""
-    for _ in range(max(1, warmup)):
-        outs = sess.run(None, feeds)
-    t0 = time.perf_counter()
-    sess.run(None, feeds)
-    one = time.perf_counter() - t0
-    n = int(max(min_iterations, min(iterations, budget / max(one, 1e-6))))
-    times = np.empty(n)
-    c0, w0 = time.process_time(), time.perf_counter()
-    for i in range(n):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times[i] = (time.perf_counter() - t0) * 1e3
-    wall = time.perf_counter() - w0
-    # cpu/wall is meaningless over a few milliseconds (clock granularity): report it only for longer windows
-    util = (time.process_time() - c0) / wall if wall >= 0.25 else 0.0
-    return outs, times, n, util
-
-
-def run_tensord(cmd, timeout):
-    """Runs one tensord command; returns (CompletedProcess or None, error text, cpu seconds / wall seconds)."""
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    w0 = time.perf_counter()
-    try:
-        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout:.0f} s", 0.0
-    wall = time.perf_counter() - w0
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    util = (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / max(wall, 1e-9)
-    if cp.returncode != 0:
-        why = f"signal {-cp.returncode}" if cp.returncode < 0 else f"exit {cp.returncode}"
-        msg = (cp.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-        return None, f"{why}: {msg[:160]}", util
-    return cp, "", util
-
-
-def max_rel_err(got, want):
-    scale = max(float(np.max(np.abs(want))), 1e-30)
-    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) / scale
-
-
-def machine_info(args):
-    cpu, affinity, commit = machine.cpu_model(), machine.usable_cpus(), machine.git_commit()
-    return [
-        ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
-        ("cpu", cpu),
-        ("logical cpus (online / usable by this process)", f"{os.cpu_count()} / {affinity}"),
-        ("threads (both runtimes)", str(args.threads)),
-        ("onnxruntime", f"{ort.__version__} (CPUExecutionProvider, inter_op 1, sequential, ORT_ENABLE_ALL)"),
-        ("numpy / python", f"{np.__version__} / {platform.python_version()}"),
-        ("tensord commit", commit),
-        ("load average (1 min) at start / end", f"{args.load_start:.2f} / {os.getloadavg()[0]:.2f}"
-                                                 + ("  (machine was busy: timings are noisy)"
-                                                    if max(args.load_start, os.getloadavg()[0]) > affinity else "")),
-        ("kernel", platform.release()),
-    ]
-
-
-def fmt(x, nd=3):
-    return "n/a" if x is None else f"{x:.{nd}f}"
-
-
 def main():
     args = parse_args()
     args.load_start = os.getloadavg()[0]
@@ -163,45 +83,16 @@ def main():
             # Timing alternates between the runtimes in --rounds rounds (each a fresh `tensord bench` process and a
             # block of ORT runs), so a burst of load from other tenants of the machine hits both; the reported
             # median/p90 are the medians over rounds of each round's median/p90.
-            ort_meds, ort_p90s, td_meds, td_p90s, n_total = [], [], [], [], 0
-            for rnd in range(args.rounds):
-                ort_outs, ort_ms, n, ort_util = time_ort(sess, {in_name: x}, args.warmup,
-                                                         max(1, args.iterations // args.rounds), args.budget / args.rounds,
-                                                         max(1, args.min_iterations // args.rounds))
-                n_total += n
-                ort_meds.append(float(np.median(ort_ms)))
-                ort_p90s.append(float(np.percentile(ort_ms, 90)))
-                if ort_util > args.threads + 0.5:
-                    notes.append(f"{name} b={batch}: onnxruntime used {ort_util:.1f} cores for {args.threads} threads")
-                if not have_bin:
-                    continue
-                timeout = 120 + 20 * (args.warmup + n) * ort_meds[-1] / 1e3
-                cp, err, td_util = run_tensord([args.bin, "bench", "--model", mpath, "--input", f"{in_name}={xpath}",
-                                                "--iterations", str(n), "--warmup", str(args.warmup),
-                                                "--threads", str(args.threads)], timeout)
-                if cp is None:
-                    td_meds = None
-                    row_err = "bench " + err
-                    break
-                last = (cp.stdout.strip().splitlines() or [""])[-1]
-                m = re.search(r"median_ms=([0-9.eE+-]+)\s+p90_ms=([0-9.eE+-]+)", last)
-                if not m:
-                    td_meds = None
-                    row_err = f"bench output unparsed: {last[:80]!r}"
-                    break
-                td_meds.append(float(m.group(1)))
-                td_p90s.append(float(m.group(2)))
-                if td_util > args.threads + 0.5:
-                    notes.append(f"{name} b={batch}: tensord used {td_util:.1f} cores (cpu/wall, incl. load) "
-                                 f"for --threads {args.threads}")
-            row = dict(model=name, batch=batch, n=n_total, ort_med=float(np.median(ort_meds)),
-                       ort_p90=float(np.median(ort_p90s)), td_med=None, td_p90=None, err=None, status="")
+            t = alternate(sess, {in_name: x}, {in_name: xpath}, binary=args.bin if have_bin else None,
+                          model_path=mpath, label=f"{name} b={batch}", rounds=args.rounds, warmup=args.warmup,
+                          iterations=args.iterations, budget=args.budget, min_iterations=args.min_iterations,
+                          threads=args.threads, notes=notes,
+                          timeout=lambda n, ort_ms: 120 + 20 * (args.warmup + n) * ort_ms / 1e3)
+            ort_outs, n_total = t["ort_outs"], t["n"]
+            row = dict(model=name, batch=batch, n=n_total, ort_med=t["ort_med"], ort_p90=t["ort_p90"],
+                       td_med=t["td_med"], td_p90=t["td_p90"], err=None, status=t["td_err"])
             print(f"{name} b={batch}: ort median {row['ort_med']:.3f} ms over {n_total} runs", file=sys.stderr, flush=True)
             if have_bin:
-                if td_meds is None:
-                    row["status"] = row_err
-                else:
-                    row["td_med"], row["td_p90"] = float(np.median(td_meds)), float(np.median(td_p90s))
                 timeout = 120 + 20 * (args.warmup + n_total) * row["ort_med"] / 1e3
                 odir = os.path.join(mdir, f"pred_b{batch}")
                 os.makedirs(odir, exist_ok=True)
@@ -236,14 +127,13 @@ def main():
     print(table)
     for n_ in notes:
         print("note: " + n_)
-    load_end = os.getloadavg()[0]
-    if max(args.load_start, load_end) > (os.cpu_count() or 1):
-        print(f"note: load average {args.load_start:.1f} at start, {load_end:.1f} at end on {os.cpu_count()} cpus: "
-              "other work competed with the benchmark, timings are noisy")
+    ln = load_note(args.load_start)
+    if ln:
+        print(ln)
     print(f"bench wall time {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
 
     if args.save:
-        info = machine_info(args)
+        info = machine_info(args.threads, args.load_start)
         res = os.path.join(HERE, "results")
         os.makedirs(res, exist_ok=True)
         path = os.path.join(res, "inference-cpu.md")
@@ -254,7 +144,7 @@ def main():
                     f"(must be <= {TOL:g}); ratio < 1 means tensord is faster.\n\n")
             for k, v in info:
                 f.write(f"- {k}: {v}\n")
-            f.write(f"- command: `{' '.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}`\n\n")
+            f.write(f"- command: `{command_line()}`\n\n")
             f.write(table + "\n")
             if notes:
                 f.write("\n" + "\n".join("- note: " + n_ for n_ in notes) + "\n")

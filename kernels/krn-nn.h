@@ -60,6 +60,10 @@ typedef enum krn_nn_layout {
     KRN_NN_LAYOUT_BLOCKED = 1,
 } krn_nn_layout;
 
+/* 1 when a BLOCKED activation with C channels is nChw16c, 0 when it is NHWC: C % 16 == 0 (TENSORD_BLOCKED=nhwc
+ * makes every BLOCKED activation NHWC, for comparisons). The one place that decides it. */
+int krn_nn_blocked16(int64_t C);
+
 /* 2-D MaxPool without padding/dilation from X in nChw16c (C % 16 == 0) to plain NCHW Y; windows must lie
  * inside X. Parallel over (n, channel block). */
 void krn_cpu_maxpool2d_blocked16(const float *X, float *Y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH,

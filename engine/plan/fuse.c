@@ -567,7 +567,7 @@ static int fz_is_concat_blockable(const eng_graph *g, const eng_node *n) {
     if (axis != 1 && axis != -3) return 0;
     for (int k = 0; k < n->nin; k++) {
         int64_t c = fz_channels(g, n->inputs[k], 16);
-        if (c <= 0 || c % 16) return 0;
+        if (c <= 0 || !krn_nn_blocked16(c)) return 0;
     }
     return 1;
 }
@@ -689,7 +689,7 @@ static eng_status fz_conv_pool(fz_ctx *z) {
         if (z->dead[i] || !fz_is_conv2d(g, n) || eng_node_attr_int(n, "y_layout", 0) != KRN_NN_LAYOUT_BLOCKED) continue;
         if (n->nin > 3 && n->inputs[3] >= 0) continue; /* residual */
         const eng_tensor *w = fz_const_f32(g, n->inputs[1]);
-        if (!w || w->dims[0] % 16) continue;
+        if (!w || !krn_nn_blocked16(w->dims[0])) continue;
         int j = fz_sole_consumer(z, n->outputs[0]);
         if (j < 0) continue;
         eng_node *pn = &g->nodes[j];

@@ -18,6 +18,15 @@
 #include "../krn-nn.h"
 #include "../../engine/ir/tensor.h"
 
+int krn_nn_blocked16(int64_t C) {
+    static int nhwc = -1;
+    if (nhwc < 0) {
+        const char *e = getenv("TENSORD_BLOCKED");
+        nhwc = e && !strcmp(e, "nhwc");
+    }
+    return !nhwc && C % 16 == 0;
+}
+
 eng_status krn_dnnl_fail(dnnl_status_t s, const char *stmt, const char *func, const char *file, int line) {
     return eng_err(s == dnnl_unimplemented ? ENG_STATUS_UNSUPPORTED : ENG_STATUS_INTERNAL,
                    "oneDNN call %s failed: %s (%s at %s:%d)", stmt, dnnl_status2str(s), func, file, line);

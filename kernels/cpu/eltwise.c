@@ -302,7 +302,7 @@ static int ew_blocked_view(eng_tensor *t, int64_t C) {
     int64_t d[4] = {1, 1, 1, 1};
     for (int i = 0; i < t->ndim; i++) d[4 - t->ndim + i] = t->dims[i];
     if (d[1] != C && d[1] != 1) return 0;
-    if (C % 16 == 0) {
+    if (krn_nn_blocked16(C)) {
         int64_t v[5] = {d[0], d[1] == C ? C / 16 : 1, d[2], d[3], d[1] == C ? 16 : 1};
         t->ndim = 5;
         memcpy(t->dims, v, sizeof v);

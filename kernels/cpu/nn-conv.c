@@ -168,8 +168,8 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     }
     dnnl_memory_desc_t smd, wmd_any, wplain, bmd, dmd, rmd;
     dnnl_format_tag_t stag = conv_plain_tags[nd], dtag = conv_plain_tags[nd];
-    if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED) stag = sd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
-    if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = dd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
+    if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED) stag = krn_nn_blocked16(sd[1]) ? dnnl_nChw16c : dnnl_nhwc;
+    if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = krn_nn_blocked16(dd[1]) ? dnnl_nChw16c : dnnl_nhwc;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, nd, sd, dnnl_f32, stag));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, dd, dnnl_f32, dtag));
     dnnl_memory_desc_t smd_op = smd, dmd_op = dmd; /* what the primitive is asked for */
@@ -252,7 +252,7 @@ static eng_status conv_pool_build(krn_call *c, conv_state *s) {
     const krn_conv_params *p = c->params;
     const eng_tensor *x = &c->in[0];
     int64_t N = x->dims[0], M = c->out[0].dims[1];
-    if (p->nspatial != 2 || M % 16 || x->dtype != ENG_DTYPE_F32 || (p->has_residual && c->nin > 3))
+    if (p->nspatial != 2 || !krn_nn_blocked16(M) || x->dtype != ENG_DTYPE_F32 || (p->has_residual && c->nin > 3))
         return eng_err(ENG_STATUS_INTERNAL, "conv+pool fusion needs a 2-D float32 conv with channels %% 16 == 0");
     s->Hc = conv_out_dim(p, x->dims[2], 0);
     s->Wc = conv_out_dim(p, x->dims[3], 1);

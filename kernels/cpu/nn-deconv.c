@@ -125,8 +125,8 @@ static eng_status deconv_build_into(krn_call *c, deconv_state *s, int any_io) {
         pr[i] = p->pads[nsp + i];
     }
     dnnl_format_tag_t stag = deconv_plain_tags[nd], dtag = deconv_plain_tags[nd];
-    if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED) stag = sd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
-    if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = dd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc;
+    if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED) stag = krn_nn_blocked16(sd[1]) ? dnnl_nChw16c : dnnl_nhwc;
+    if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = krn_nn_blocked16(dd[1]) ? dnnl_nChw16c : dnnl_nhwc;
     dnnl_memory_desc_t smd, dmd, smd_op, dmd_op, wplain, wany, bmd;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, nd, sd, dnnl_f32, stag));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, dd, dnnl_f32, dtag));

@@ -161,7 +161,7 @@ static int pool_max2d_f32_fast(const krn_call *c, const pool_geo *g) {
 
 /* X in the BLOCKED layout (nChw16c when C % 16 == 0, else NHWC): offset of element (n, c, h, w). */
 static inline int64_t pool_blk_off(int64_t n, int64_t ch, int64_t h, int64_t w, int64_t C, int64_t H, int64_t W) {
-    if (C % 16 == 0) return (((n * (C / 16) + ch / 16) * H + h) * W + w) * 16 + ch % 16;
+    if (krn_nn_blocked16(C)) return (((n * (C / 16) + ch / 16) * H + h) * W + w) * 16 + ch % 16;
     return ((n * H + h) * W + w) * C + ch;
 }
 
@@ -229,7 +229,7 @@ static int pool_blocked16_fast(const krn_call *c, const pool_geo *g) {
     const krn_pool_params *p = c->params;
     const eng_tensor *x = &c->in[0];
     int64_t N = x->dims[0], C = x->dims[1], H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2];
-    if (C % 16 || c->nout > 1 || g->in[0] != 1) return 0;
+    if (!krn_nn_blocked16(C) || c->nout > 1 || g->in[0] != 1) return 0;
     int gmax = p->kind == KRN_POOL_MAX, gavg = p->kind == KRN_POOL_AVG;
     if (!p->global && !(gmax && !g->pb[1] && !g->pb[2] && g->d[1] == 1 && g->d[2] == 1 &&
                         (OH - 1) * g->s[1] + g->k[1] <= H && (OW - 1) * g->s[2] + g->k[2] <= W))
@@ -357,7 +357,7 @@ eng_status krn_cpu_pool_init(krn_call *c) {
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool state");
     c->state = s;
     krn_dnnl_set_threads(c->nthreads);
-    eng_status st = pool_dnnl_build(c, s, c->in[0].dims[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc);
+    eng_status st = pool_dnnl_build(c, s, krn_nn_blocked16(c->in[0].dims[1]) ? dnnl_nChw16c : dnnl_nhwc);
     if (st == ENG_STATUS_OK) return st;
     if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
     eng_err_clear();
@@ -370,7 +370,7 @@ eng_status krn_cpu_pool_init(krn_call *c) {
     for (int i = 0; i < 4; i++) dd[i] = y->dims[i];
     dnnl_memory_desc_t pmd, bmd;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&pmd, 4, dd, dnnl_f32, dnnl_nchw));
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, 4, dd, dnnl_f32, dd[1] % 16 == 0 ? dnnl_nChw16c : dnnl_nhwc));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, 4, dd, dnnl_f32, krn_nn_blocked16(dd[1]) ? dnnl_nChw16c : dnnl_nhwc));
     ENG_TRY(krn_dnnl_reorder_init(&s->rdst, &pmd, &bmd));
     if (!(s->tmp = eng_alloc(eng_tensor_nbytes(y)))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool: blocked output");
     snprintf(s->desc, sizeof s->desc, "tensord loops +reorder(dst)");
