@@ -58,7 +58,16 @@ typedef struct krn_conv_params {
 typedef enum krn_nn_layout {
     KRN_NN_LAYOUT_PLAIN = 0,
     KRN_NN_LAYOUT_BLOCKED = 1,
+    /* nChw16c with C rounded up to a multiple of 16, the extra channels zero (oneDNN writes and expects them):
+     * for C % 16 != 0 activations that only convs read, so 24- or 40-channel stages between nChw16c ones need no
+     * conversion. Its buffer holds N * ceil16(C) * H * W floats (krn_nn_padded_numel); only conv kernels see it. */
+    KRN_NN_LAYOUT_BLOCKED16_PADDED = 2,
 } krn_nn_layout;
+
+/* Elements a 4-D activation of logical dims [N, C, H, W] occupies in KRN_NN_LAYOUT_BLOCKED16_PADDED. */
+static inline int64_t krn_nn_padded_numel(const int64_t *dims) {
+    return dims[0] * ((dims[1] + 15) / 16 * 16) * dims[2] * dims[3];
+}
 
 /* 1 when a BLOCKED activation with C channels is nChw16c, 0 when it is NHWC: C % 16 == 0 (TENSORD_BLOCKED=nhwc
  * makes every BLOCKED activation NHWC, for comparisons). The one place that decides it. */

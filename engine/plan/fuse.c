@@ -643,14 +643,40 @@ static eng_status fz_layouts(fz_ctx *z) {
             if (!ok) blk[i] = 0, changed = 1;
         }
     }
+    /* Blocked conv outputs whose channel count is not a multiple of 16 (NHWC otherwise) and that only convs read
+     * (as X, or as the residual of a conv whose own output is padded too) take the zero-padded nChw16c layout:
+     * between nChw16c neighbours (MobileNet's 24-channel stages) no conversion is then needed. */
+    unsigned char *pad = blk; /* reuse: 2 marks padded */
+    for (int i = 0; i < g->nnodes; i++)
+        if (blk[i] && cls[i] == C_CONV && !krn_nn_blocked16(fz_const_f32(g, g->nodes[i].inputs[1])->dims[0])) pad[i] = 2;
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < g->nnodes; i++) {
+            if (pad[i] != 2) continue;
+            const eng_node *n = &g->nodes[i];
+            int v = n->outputs[0], ok = 1;
+            for (int j = 0; j < g->nnodes && ok; j++)
+                for (int k = 0; k < g->nodes[j].nin && ok; k++) {
+                    if (g->nodes[j].inputs[k] != v) continue;
+                    ok = cls[j] == C_CONV && (k == 0 || (k == 3 && pad[j] == 2));
+                }
+            if (ok && n->nin > 3 && n->inputs[3] >= 0) {
+                int pz = g->values[n->inputs[3]].producer;
+                ok = pz >= 0 && pad[pz] == 2;
+            }
+            if (!ok) pad[i] = 1, changed = 1;
+        }
+    }
     eng_status st = ENG_STATUS_OK;
     for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
         const eng_node *n = &g->nodes[i];
+        int lay = pad[i] == 2 ? KRN_NN_LAYOUT_BLOCKED16_PADDED : KRN_NN_LAYOUT_BLOCKED;
         if (blk[i] && (cls[i] == C_EW || cls[i] == C_CAT)) st = fz_add_attr_int(g, i, "layout", KRN_NN_LAYOUT_BLOCKED);
-        else if (blk[i]) st = fz_add_attr_int(g, i, "y_layout", KRN_NN_LAYOUT_BLOCKED);
+        else if (blk[i]) st = fz_add_attr_int(g, i, "y_layout", lay);
         if (st == ENG_STATUS_OK && n->nin > 0 && n->inputs[0] >= 0 && (cls[i] == C_CONV || cls[i] == C_POOL)) {
             int px = g->values[n->inputs[0]].producer;
-            if (px >= 0 && blk[px]) st = fz_add_attr_int(g, i, "x_layout", KRN_NN_LAYOUT_BLOCKED);
+            if (px >= 0 && blk[px])
+                st = fz_add_attr_int(g, i, "x_layout", pad[px] == 2 ? KRN_NN_LAYOUT_BLOCKED16_PADDED : KRN_NN_LAYOUT_BLOCKED);
         }
     }
     free(blk);

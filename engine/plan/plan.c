@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../kernels/krn-nn.h"
 #include "../ops/op.h"
 #include "plan-impl.h"
 
@@ -150,6 +151,16 @@ static int buf_cmp(const void *a, const void *b) {
     return x->first - y->first;
 }
 
+/* Bytes value v (shaped t) occupies: its logical size, or, when its producer writes the zero-padded blocked layout
+ * (engine/plan/fuse.c's layout pass, KRN_NN_LAYOUT_BLOCKED16_PADDED), N * ceil16(C) * H * W floats. */
+static size_t plan_value_bytes(const eng_graph *g, int v, const eng_tensor *t) {
+    int pr = g->values[v].producer;
+    if (pr >= 0 && t->ndim == 4 && t->dtype == ENG_DTYPE_F32 &&
+        eng_node_attr_int(&g->nodes[pr], "y_layout", 0) == KRN_NN_LAYOUT_BLOCKED16_PADDED)
+        return (size_t)krn_nn_padded_numel(t->dims) * sizeof(float);
+    return eng_tensor_nbytes(t);
+}
+
 /* Lay out the arena; allocate it and point values into it when `alloc`. */
 static eng_status plan_layout(eng_plan *p, int alloc) {
     const eng_graph *g = p->g;
@@ -180,7 +191,7 @@ static eng_status plan_layout(eng_plan *p, int alloc) {
     size_t naive = 0;
     for (int v = 0; v < nv; v++) {
         if (p->kind[v] != VAL_ARENA || p->root[v] != v) continue;
-        size_t sz = (eng_tensor_nbytes(&p->vals[v]) + 63) & ~(size_t)63;
+        size_t sz = (plan_value_bytes(g, v, &p->vals[v]) + 63) & ~(size_t)63;
         if (sz == 0) sz = 64;
         bufs[nb++] = (plan_buf){v, sz, 0, first[v] < 0 ? 0 : first[v], last[v] < 0 ? p->nsteps : last[v]};
         naive += sz;
@@ -483,7 +494,7 @@ static eng_status run_dynamic(eng_plan *p) {
                 outs[i].data = NULL;
                 continue;
             }
-            size_t nb = eng_tensor_nbytes(&outs[i]);
+            size_t nb = plan_value_bytes(g, v, &outs[i]);
             outs[i].data = eng_alloc(nb ? nb : 1);
             if (!outs[i].data) {
                 st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes for output %d", nb, i);

@@ -41,6 +41,7 @@ typedef struct conv_state {
     void *tsrc, *tdst;
     char desc[192];
     int slow;
+    size_t zbytes; /* the residual Z's bytes in its layout (padded ones included) */
 } conv_state;
 
 void krn_cpu_conv_free(void *p);
@@ -170,6 +171,8 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     dnnl_format_tag_t stag = conv_plain_tags[nd], dtag = conv_plain_tags[nd];
     if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED) stag = krn_nn_blocked16(sd[1]) ? dnnl_nChw16c : dnnl_nhwc;
     if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = krn_nn_blocked16(dd[1]) ? dnnl_nChw16c : dnnl_nhwc;
+    if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED16_PADDED) stag = dnnl_nChw16c;
+    if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED16_PADDED) dtag = dnnl_nChw16c;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, nd, sd, dnnl_f32, stag));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, dd, dnnl_f32, dtag));
     dnnl_memory_desc_t smd_op = smd, dmd_op = dmd; /* what the primitive is asked for */
@@ -194,7 +197,7 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
         for (int i = 0; i < nd; i++) zd[i] = 1;
         for (int i = 0; i < z->ndim; i++) zd[nd - z->ndim + i] = z->dims[i];
         dnnl_format_tag_t ztag = conv_plain_tags[nd];
-        if (p->y_layout == KRN_NN_LAYOUT_BLOCKED && z->ndim == nd) ztag = dtag;
+        if (p->y_layout != KRN_NN_LAYOUT_PLAIN && z->ndim == nd) ztag = dtag;
         if (z->ndim > nd || dnnl_memory_desc_init_by_tag(&rmd, nd, zd, dnnl_f32, ztag) != dnnl_success)
             est = ENG_STATUS_UNSUPPORTED;
         else if ((any_io & 2) && z->ndim == nd && eng_shape_equal(z, y)) { /* Z is reordered into Y's chosen layout */
@@ -205,6 +208,7 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
             if (!s->res_sum || dnnl_post_ops_append_sum(po, 1.f) != dnnl_success) est = ENG_STATUS_UNSUPPORTED;
         } else if (dnnl_post_ops_append_binary(po, dnnl_binary_add, &rmd) != dnnl_success)
             est = ENG_STATUS_UNSUPPORTED;
+        if (est == ENG_STATUS_OK) s->zbytes = dnnl_memory_desc_get_size(&rmd);
     }
     if (est != ENG_STATUS_OK) {
         dnnl_post_ops_destroy(po);
@@ -306,7 +310,7 @@ static eng_status conv_run_prim(conv_state *s, dnnl_stream_t stream, const void 
     dnnl_exec_arg_t args[6] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
     int na = 3;
     if (s->mscratch) args[na].arg = DNNL_ARG_SCRATCHPAD, args[na++].memory = s->mscratch;
-    if (s->res_sum && !s->rres.prim && c->in[3].data != dst) memcpy(dst, c->in[3].data, eng_tensor_nbytes(&c->in[3]));
+    if (s->res_sum && !s->rres.prim && c->in[3].data != dst) memcpy(dst, c->in[3].data, s->zbytes);
     if (s->mbias) {
         KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, c->in[2].data));
         args[na].arg = DNNL_ARG_BIAS, args[na++].memory = s->mbias;

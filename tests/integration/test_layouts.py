@@ -163,7 +163,20 @@ def case_dense_block(c):
     return g.model(g.conv(t, c, c))
 
 
-CASES = {f.__name__[5:]: f for f in [case_dense_block, case_stem_pool_conv, case_residual_add_relu, case_depthwise_hardswish,
+def case_mbconv(c):
+    """MobileNet-V2 inverted residuals whose narrow width c (24: not a multiple of 16) sits between 6c-channel
+    tensors: stem -> project to c -> 2 x (expand 6c, Relu6, depthwise, Relu6, project c, + skip) -> conv."""
+    g = G(3, 16)
+    t = g.op("Clip", [g.conv("x", 3, 32, stride=2), g.const(np.float32(0)), g.const(np.float32(6))])
+    t = g.conv(t, 32, c, k=1, pad=0)
+    for _ in range(2):
+        u = g.op("Clip", [g.conv(t, c, 6 * c, k=1, pad=0), g.const(np.float32(0)), g.const(np.float32(6))])
+        u = g.op("Clip", [g.conv(u, 6 * c, 6 * c, group=6 * c), g.const(np.float32(0)), g.const(np.float32(6))])
+        t = g.op("Add", [g.conv(u, 6 * c, c, k=1, pad=0), t])
+    return g.model(g.conv(t, c, 32))
+
+
+CASES = {f.__name__[5:]: f for f in [case_mbconv, case_dense_block, case_stem_pool_conv, case_residual_add_relu, case_depthwise_hardswish,
                                       case_se_block, case_concat_blocked, case_channel_shuffle, case_resize_conv,
                                       case_avgpool_ceil_flatten_gemm]}
 
@@ -221,3 +234,13 @@ def test_dense_block_stays_blocked(tensord):
     n = int(line[-1].split("profile:")[1].split()[0])
     assert n <= 1, f"expected at most 1 layout reorder, got {n}:\n{out[-4000:]}"
     assert "BatchNormalization" not in [l.split()[1] for l in out.splitlines() if l.startswith("  ") and len(l.split()) > 2], out[-3000:]
+
+
+def test_narrow_stage_needs_no_conversion(tensord):
+    """24-channel activations that only convs read take the zero-padded nChw16c layout: the MobileNet-style
+    stage runs with no layout conversion but the last conv's output to plain NCHW."""
+    out = _bench(tensord, case_mbconv(24), {"TENSORD_PROFILE": "1"})
+    line = [l for l in out.splitlines() if "layout reorders inside steps" in l]
+    assert line, out[-2000:]
+    n = int(line[-1].split("profile:")[1].split()[0])
+    assert n <= 1, f"expected at most 1 layout reorder, got {n}:\n{out[-4000:]}"
