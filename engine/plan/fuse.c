@@ -97,19 +97,13 @@ int fz_one_output(const eng_node *n) {
     return n->nout >= 1 && n->outputs[0] >= 0;
 }
 
-/* A float32 initializer we may overwrite: in place when only `node` uses it, else a fresh copy. Returns the value
- * index holding writable data (*data), or -1 on allocation failure. */
-static int fz_writable_init(fz_ctx *z, int v, const char *suffix, float **data) {
+/* Take t (eng_alloc'd float32 data) as the initializer of a new value named <base><suffix><k> (the first k that
+ * is free); returns its index with *data = t's data, or -1 (t freed) when out of memory. */
+static int fz_add_init(fz_ctx *z, const char *base, const char *suffix, eng_tensor *t, float **data) {
     eng_graph *g = z->g;
-    if (fz_uses(z, v) == 1 && !fz_is_graph_input(g, v)) {
-        *data = g->values[v].init->data;
-        return v;
-    }
-    eng_tensor *t = eng_tensor_clone(g->values[v].init);
-    if (!t) return -1;
     char name[512];
     int k = 0;
-    do snprintf(name, sizeof name, "%s%s%s", g->values[v].name, suffix, k++ ? "_x" : "");
+    do snprintf(name, sizeof name, "%s%s%d", base, suffix, k++);
     while (eng_graph_find_value(g, name) >= 0 && k < 100);
     int nv = eng_graph_add_value(g, name);
     if (nv < 0) {
@@ -124,9 +118,20 @@ static int fz_writable_init(fz_ctx *z, int v, const char *suffix, float **data) 
     return nv;
 }
 
+/* A float32 initializer we may overwrite: in place when only `node` uses it, else a fresh copy. Returns the value
+ * index holding writable data (*data), or -1 on allocation failure. */
+static int fz_writable_init(fz_ctx *z, int v, const char *suffix, float **data) {
+    eng_graph *g = z->g;
+    if (fz_uses(z, v) == 1 && !fz_is_graph_input(g, v)) {
+        *data = g->values[v].init->data;
+        return v;
+    }
+    eng_tensor *t = eng_tensor_clone(g->values[v].init);
+    return t ? fz_add_init(z, g->values[v].name, suffix, t, data) : -1;
+}
+
 /* A new zeroed float32 initializer named <base><suffix><k>; returns its value index, -1 when out of memory. */
 static int fz_new_init(fz_ctx *z, const char *base, const char *suffix, int ndim, const int64_t *dims, float **data) {
-    eng_graph *g = z->g;
     eng_tensor *t = calloc(1, sizeof *t);
     if (!t) return -1;
     t->dtype = ENG_DTYPE_F32;
@@ -139,21 +144,7 @@ static int fz_new_init(fz_ctx *z, const char *base, const char *suffix, int ndim
         return -1;
     }
     memset(t->data, 0, (size_t)m * sizeof(float));
-    char name[512];
-    int k = 0;
-    do snprintf(name, sizeof name, "%s%s%d", base, suffix, k++);
-    while (eng_graph_find_value(g, name) >= 0 && k < 100);
-    int nv = eng_graph_add_value(g, name);
-    if (nv < 0) {
-        eng_tensor_destroy(&t);
-        return -1;
-    }
-    eng_value_set_init(g, nv, t);
-    g->values[nv].dtype = ENG_DTYPE_F32;
-    g->values[nv].ndim = ndim;
-    memcpy(g->values[nv].dims, dims, (size_t)ndim * sizeof *dims);
-    *data = t->data;
-    return nv;
+    return fz_add_init(z, base, suffix, t, data);
 }
 
 /* A new zero float32 bias [m] for a Conv without one. */

@@ -26,6 +26,7 @@
 
 #include "../kernel.h"
 #include "../krn-nn.h"
+#include "nn-conv-impl.h"
 
 eng_status krn_cpu_deconv_init(krn_call *c);
 eng_status krn_cpu_deconv_exec(krn_call *c);
@@ -77,7 +78,7 @@ static const dnnl_format_tag_t deconv_wtag_nogroup[6] = {0, 0, 0, dnnl_bac, dnnl
 static const dnnl_format_tag_t deconv_wtag_group[7] = {0, 0, 0, 0, dnnl_acbd, dnnl_giohw, dnnl_giodhw};
 
 /* 1 if oneDNN's deconvolution can express the resolved geometry (see the file comment). */
-static int deconv_geometry_ok(const krn_conv_params *p, const eng_tensor *x, const eng_tensor *y) {
+static int conv_geometry_ok(const krn_conv_params *p, const eng_tensor *x, const eng_tensor *y) {
     for (int i = 0; i < p->nspatial; i++) {
         int64_t ext = (p->kernel[i] - 1) * p->dilations[i] + 1;
         int64_t v = y->dims[2 + i] + p->pads[i] + p->pads[p->nspatial + i] - ext;
@@ -105,7 +106,7 @@ static eng_status deconv_build_into(krn_call *c, deconv_state *s, int any_io) {
     const eng_tensor *x = &c->in[0], *w = &c->in[1], *y = &c->out[0];
     int nsp = p->nspatial, nd = nsp + 2;
     int64_t G = p->group, C = x->dims[1], M = y->dims[1];
-    if (!deconv_geometry_ok(p, x, y))
+    if (!conv_geometry_ok(p, x, y))
         return eng_err(ENG_STATUS_UNSUPPORTED, "ConvTranspose geometry oneDNN cannot express (output larger than natural)");
     dnnl_dims_t sd, wd, bd, dd, st, dl, pl, pr;
     for (int i = 0; i < nd; i++) sd[i] = x->dims[i], dd[i] = y->dims[i];
@@ -243,28 +244,9 @@ void krn_cpu_deconv_describe(const krn_call *c, krn_impl_info *info) {
 
 /* ---- reference ---- */
 
-typedef struct deconv_geo {
-    int64_t N, C, M, G, Cg, Mg;
-    int64_t in[3], out[3], k[3], s[3], d[3], pb[3];
-} deconv_geo;
-
-static void deconv_geo_get(const krn_conv_params *p, const eng_tensor *x, const eng_tensor *y, deconv_geo *g) {
-    int nsp = p->nspatial, off = 3 - nsp;
-    g->N = x->dims[0], g->C = x->dims[1], g->M = y->dims[1], g->G = p->group;
-    g->Cg = g->C / g->G, g->Mg = g->M / g->G;
-    for (int i = 0; i < 3; i++) g->in[i] = g->out[i] = g->k[i] = g->s[i] = g->d[i] = 1, g->pb[i] = 0;
-    for (int i = 0; i < nsp; i++) {
-        g->in[off + i] = x->dims[2 + i];
-        g->out[off + i] = y->dims[2 + i];
-        g->k[off + i] = p->kernel[i];
-        g->s[off + i] = p->strides[i];
-        g->d[off + i] = p->dilations[i];
-        g->pb[off + i] = p->pads[i];
-    }
-}
 
 #define DECONV_REF_IMPL(NAME, T)                                                                               \
-    static void NAME(const krn_call *c, const deconv_geo *g) {                                                 \
+    static void NAME(const krn_call *c, const conv_geo *g) {                                                 \
         const T *X = c->in[0].data, *W = c->in[1].data;                                                        \
         const T *B = c->nin > 2 ? c->in[2].data : NULL;                                                        \
         T *Y = c->out[0].data;                                                                                 \
@@ -308,8 +290,8 @@ DECONV_REF_IMPL(deconv_ref_f64, double)
 static eng_status deconv_exec_ref(krn_call *c) {
     const krn_conv_params *p = c->params;
     eng_tensor *y = &c->out[0];
-    deconv_geo g;
-    deconv_geo_get(p, &c->in[0], y, &g);
+    conv_geo g;
+    conv_geo_get(p, &c->in[0], y, &g);
     int64_t n = eng_tensor_numel(y);
     if (n == 0) return ENG_STATUS_OK;
     if (p->x_layout || p->y_layout)
