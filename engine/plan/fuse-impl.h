@@ -1,4 +1,4 @@
-/* fuse-impl.h - what the graph-rewrite files (fuse.c, fuse-act.c) share. Not part of the library's interface. */
+/* fuse-impl.h - what the graph-rewrite files (fuse.c, fuse-act.c, fuse-layout.c) share. Not part of the library's interface. */
 #ifndef ENG_FUSE_IMPL_H
 #define ENG_FUSE_IMPL_H
 
@@ -26,5 +26,11 @@ int fz_one_output(const eng_node *n);               /* exactly one real output *
  * at most cap) and returns the index of its last node, whose output is act(x); else -1. Every value inside
  * the chain, x included, is used only inside it. */
 int fz_match_act_chain(const fz_ctx *z, int x, krn_nn_act_params *act, int *nodes, int *nn, int cap);
+
+eng_status fz_add_attr_int(eng_graph *g, int node, const char *name, int64_t v);
+
+/* fuse-layout.c: Conv/FusedConv with a 4-D float32 weight initializer; the layout pass (see there). */
+int fz_is_conv2d(const eng_graph *g, const eng_node *n);
+eng_status fz_layouts(fz_ctx *z);
 
 #endif
