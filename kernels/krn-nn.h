@@ -50,6 +50,11 @@ typedef struct krn_conv_params {
     int x_layout, y_layout;                  /* krn_nn_layout of X and of Y (and Z, which matches Y) */
     int pool;                                /* FusedConv only: a 2-D MaxPool (no pads/dilation) follows; Y is pooled */
     int64_t pool_kernel[2], pool_strides[2];
+    /* FusedConv only: a 3x3 depthwise conv (pads 1, stride dw_stride, activation dw_act) reads this 1x1 conv's
+     * output, which never reaches memory (oneDNN's depthwise post-op); inputs 4 and 5 are its W (M, 1, 3, 3) and
+     * optional B (M); Y is the depthwise conv's output. 0: none. */
+    int dw_stride;
+    krn_nn_act_params dw_act;
 } krn_conv_params;
 
 /* Memory layout of a 4-D float32 activation that only nn kernels see (set by engine/plan/fuse.c's layout pass).

@@ -54,7 +54,7 @@ typedef struct nn_conv_op {
 } nn_conv_op;
 
 static eng_status nn_conv_prepare_common(eng_op_ctx *c, int transposed, int fused) {
-    ENG_TRY(eng_op_check_arity(c, 2, fused ? 4 : 3));
+    ENG_TRY(eng_op_check_arity(c, 2, fused ? 6 : 3));
     nn_conv_op *p = calloc(1, sizeof *p);
     if (!p) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv params");
     c->params = p;
@@ -76,6 +76,12 @@ static eng_status nn_conv_prepare_common(eng_op_ctx *c, int transposed, int fuse
     if (fused) {
         nn_act_attrs(n, &p->k.act);
         p->k.has_residual = c->nin > 3 && c->node->inputs[3] >= 0;
+        p->k.dw_stride = (int)eng_node_attr_int(n, "dw_stride", 0);
+        p->k.dw_act.kind = (int)eng_node_attr_int(n, "dw_act", KRN_NN_ACT_NONE);
+        p->k.dw_act.alpha = eng_node_attr_float(n, "dw_act_alpha", 0.f);
+        p->k.dw_act.beta = eng_node_attr_float(n, "dw_act_beta", 0.f);
+        if (p->k.dw_stride && (p->k.dw_stride > 2 || p->k.has_residual || c->nin < 5 || c->node->inputs[4] < 0))
+            return eng_err(ENG_STATUS_INVALID_MODEL, "fused depthwise conv needs stride 1 or 2, its W and no residual");
         const int64_t *pk = NULL, *ps = NULL;
         int npk = eng_node_attr_ints(n, "pool_kernel", &pk), nps = eng_node_attr_ints(n, "pool_strides", &ps);
         if (npk >= 0) { /* engine/plan/fuse.c folded a following 2-D MaxPool (no pads, no dilation) into this conv */
@@ -201,6 +207,14 @@ static eng_status nn_conv_infer(eng_op_ctx *c) {
         ENG_TRY(eng_broadcast_shapes(ts, 2, &b));
         if (z->dtype != y->dtype || !eng_shape_equal(&b, y))
             return eng_err(ENG_STATUS_INVALID_ARGUMENT, "fused residual input does not broadcast into the conv output");
+    }
+    if (k->dw_stride) { /* the fused 3x3 depthwise conv (pads 1) after this 1x1 one */
+        const eng_tensor *wd = &c->in[4];
+        if (nsp != 2 || x->dtype != ENG_DTYPE_F32 || wd->ndim != 4 || wd->dims[0] != M || wd->dims[1] != 1 ||
+            wd->dims[2] != 3 || wd->dims[3] != 3 || (eng_op_has_input(c, 5) && eng_tensor_numel(&c->in[5]) != M))
+            return eng_err(ENG_STATUS_INVALID_MODEL, "fused depthwise conv: W must be (%lld, 1, 3, 3) and B (%lld)",
+                           (long long)M, (long long)M);
+        for (int i = 0; i < 2; i++) y->dims[2 + i] = (y->dims[2 + i] - 1) / k->dw_stride + 1;
     }
     if (k->pool) {
         if (nsp != 2 || x->dtype != ENG_DTYPE_F32)

@@ -670,6 +670,58 @@ static eng_status fz_hoist_constants(fz_ctx *z) {
     return ENG_STATUS_OK;
 }
 
+/* A 1x1 conv (stride 1, no pads, group 1, no residual) whose output only a 3x3 depthwise conv (pads 1, stride 1
+ * or 2, no residual) reads, with a channel count that is a multiple of 16, becomes one FusedConv that computes
+ * both (oneDNN's depthwise post-op): MobileNet's expand -> depthwise pair, whose expanded activation is the
+ * largest tensor of the block and now stays in cache. Inputs [X, W, B, -, Wdw, Bdw]; attrs dw_stride, dw_act*. */
+static eng_status fz_conv_dw(fz_ctx *z) {
+    eng_graph *g = z->g;
+    if (getenv("TENSORD_NO_CONV_DW")) return ENG_STATUS_OK;
+    for (int i = 0; i < g->nnodes; i++) {
+        eng_node *a = &g->nodes[i];
+        if (z->dead[i] || !fz_is_conv2d(g, a) || eng_node_attr(a, "pool_kernel") || eng_node_attr(a, "dw_stride")) continue;
+        const eng_tensor *w = fz_const_f32(g, a->inputs[1]);
+        int64_t M = w->dims[0];
+        if (w->dims[2] != 1 || w->dims[3] != 1 || eng_node_attr_int(a, "group", 1) != 1 || !krn_nn_blocked16(M) ||
+            (a->nin > 3 && a->inputs[3] >= 0) || !fz_ints_all(a, "strides", 1, 2) || !fz_ints_all(a, "pads", 0, 4) ||
+            !fz_ints_all(a, "dilations", 1, 2) || strcmp(eng_node_attr_str(a, "auto_pad", "NOTSET"), "NOTSET"))
+            continue;
+        int j = fz_sole_consumer(z, a->outputs[0]);
+        if (j < 0) continue;
+        eng_node *b = &g->nodes[j];
+        if (!fz_is_conv2d(g, b) || b->inputs[0] != a->outputs[0] || eng_node_attr(b, "pool_kernel") ||
+            eng_node_attr(b, "dw_stride") || (b->nin > 3 && b->inputs[3] >= 0))
+            continue;
+        const eng_tensor *wd = fz_const_f32(g, b->inputs[1]);
+        const int64_t *st = NULL;
+        int nst = eng_node_attr_ints(b, "strides", &st);
+        int64_t s = nst == 2 ? st[0] : 1;
+        if (wd->dims[0] != M || wd->dims[1] != 1 || wd->dims[2] != 3 || wd->dims[3] != 3 ||
+            eng_node_attr_int(b, "group", 1) != M || (nst >= 0 && (nst != 2 || st[1] != s)) || (s != 1 && s != 2) ||
+            !fz_ints_all(b, "pads", 1, 4) || eng_node_attr(b, "pads") == NULL || !fz_ints_all(b, "dilations", 1, 2) ||
+            strcmp(eng_node_attr_str(b, "auto_pad", "NOTSET"), "NOTSET"))
+            continue;
+        int bw = b->inputs[1], bb = b->nin > 2 ? b->inputs[2] : -1, out = b->outputs[0];
+        krn_nn_act_params da = {0};
+        da.kind = (int)eng_node_attr_int(b, "act", KRN_NN_ACT_NONE);
+        da.alpha = eng_node_attr_float(b, "act_alpha", 0.f);
+        da.beta = eng_node_attr_float(b, "act_beta", 0.f);
+        if (fz_is_op(a, "Conv")) ENG_TRY(fz_set_op(a, "FusedConv", "com.tensord"));
+        ENG_TRY(fz_ensure_inputs(a, 6));
+        a = &g->nodes[i];
+        a->inputs[3] = -1, a->inputs[4] = bw, a->inputs[5] = bb;
+        ENG_TRY(fz_add_attr_int(g, i, "dw_stride", s));
+        ENG_TRY(fz_add_attr_int(g, i, "dw_act", da.kind));
+        ENG_TRY(fz_add_attr_float(g, i, "dw_act_alpha", da.alpha));
+        ENG_TRY(fz_add_attr_float(g, i, "dw_act_beta", da.beta));
+        a = &g->nodes[i];
+        a->outputs[0] = out;
+        z->dead[j] = 1;
+        fz_move_node(z, i, j);
+    }
+    return ENG_STATUS_OK;
+}
+
 eng_status eng_graph_fuse(eng_graph *g) {
     if (!g || g->nnodes == 0) return ENG_STATUS_OK;
     if (getenv("TENSORD_NO_FUSE")) return ENG_STATUS_OK;
@@ -683,6 +735,7 @@ eng_status eng_graph_fuse(eng_graph *g) {
         else if (fz_is_op(n, "BatchNormalization")) st = fz_bn_standalone(&z, i);
         else if (fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm")) st = fz_matmul(&z, i);
     }
+    if (st == ENG_STATUS_OK) st = fz_conv_dw(&z);
     eng_status cst = fz_compact(&z); /* also after a failure: moved nodes leave dead slots behind */
     if (st == ENG_STATUS_OK) st = cst;
     if (st == ENG_STATUS_OK) {

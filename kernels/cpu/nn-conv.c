@@ -43,6 +43,12 @@ typedef struct conv_state {
     char desc[192];
     int slow;
     size_t zbytes; /* the residual Z's bytes in its layout (padded ones included) */
+    /* fused 3x3 depthwise conv (params->dw_stride): its weights and bias as oneDNN post-op arguments, or, where
+     * oneDNN has no fast fused kernel, dw_split with sub[0] the 1x1 conv into `scratch` and sub[1] the depthwise */
+    dnnl_memory_t mdw_w, mdw_b;
+    void *dw_wpack;
+    float *dw_bzero;
+    int dw_split;
 } conv_state;
 
 void krn_cpu_conv_free(void *p);
@@ -66,6 +72,10 @@ static void conv_clear(conv_state *s) {
     if (s->mres) dnnl_memory_destroy(s->mres);
     if (s->mscratch) dnnl_memory_destroy(s->mscratch);
     eng_free(s->wpack);
+    if (s->mdw_w) dnnl_memory_destroy(s->mdw_w);
+    if (s->mdw_b) dnnl_memory_destroy(s->mdw_b);
+    eng_free(s->dw_wpack);
+    free(s->dw_bzero);
     memset(s, 0, sizeof *s);
 }
 
@@ -107,7 +117,52 @@ static eng_status conv_try_build(krn_call *c, conv_state *s, dnnl_alg_kind_t alg
 
 /* Winograd where it pays, else direct with the plan's layouts; if oneDNN only has a reference kernel for those
  * layouts, direct again with format `any` for X and Y and counted reorders (never a silent reference kernel). */
+static eng_status conv_dnnl_build(krn_call *c, conv_state *s);
+
+/* The fused 1x1 + depthwise pair as two primitives: the 1x1 conv into a blocked scratch buffer (sub[0]), then
+ * the depthwise conv from it (sub[1]), for where oneDNN has no fast fused kernel. */
+static eng_status conv_dw_split_build(krn_call *c, conv_state *s) {
+    const krn_conv_params *p = c->params;
+    const eng_tensor *x = &c->in[0], *y = &c->out[0];
+    krn_conv_params p1 = *p, p2 = *p;
+    p1.dw_stride = 0, p1.y_layout = KRN_NN_LAYOUT_BLOCKED;
+    memset(&p2, 0, sizeof p2);
+    p2.nspatial = 2, p2.group = y->dims[1], p2.act = p->dw_act, p2.x_layout = KRN_NN_LAYOUT_BLOCKED, p2.y_layout = p->y_layout;
+    for (int i = 0; i < 2; i++) {
+        p2.kernel[i] = 3, p2.strides[i] = p->dw_stride, p2.dilations[i] = 1;
+        p2.pads[i] = p2.pads[2 + i] = 1;
+    }
+    eng_tensor mid = *y;
+    mid.dims[2] = x->dims[2], mid.dims[3] = x->dims[3];
+    s->scratch = eng_alloc((size_t)eng_tensor_numel(&mid) * sizeof(float)); /* M % 16 == 0: nChw16c, no padding */
+    if (!s->scratch) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "depthwise conv scratch");
+    mid.data = s->scratch;
+    eng_tensor in1[3] = {c->in[0], c->in[1], c->nin > 2 ? c->in[2] : (eng_tensor){0}};
+    eng_tensor in2[3] = {mid, c->in[4], c->nin > 5 ? c->in[5] : (eng_tensor){0}};
+    krn_call c1 = *c, c2 = *c;
+    c1.params = &p1, c1.in = in1, c1.nin = 3, c1.out = &mid, c1.const_mask = c->const_mask & 6u;
+    c2.params = &p2, c2.in = in2, c2.nin = 3, c2.const_mask = ((c->const_mask >> 4) & 1u) << 1 | ((c->const_mask >> 5) & 1u) << 2;
+    for (int k = 0; k < 2; k++)
+        if (!(s->sub[k] = calloc(1, sizeof *s->sub[k]))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv state");
+    ENG_TRY(conv_dnnl_build(&c1, s->sub[0]));
+    ENG_TRY(conv_dnnl_build(&c2, s->sub[1]));
+    s->dw_split = s->use_dnnl = 1;
+    return ENG_STATUS_OK;
+}
+
 static eng_status conv_dnnl_build(krn_call *c, conv_state *s) {
+    const krn_conv_params *pp = c->params;
+    if (pp->dw_stride) { /* fused 1x1 + depthwise: one primitive where oneDNN has a fast one, else two */
+        if (!getenv("TENSORD_CONV_DW_SPLIT") && conv_try_build(c, s, dnnl_convolution_direct, 0) == ENG_STATUS_OK) {
+            if (conv_impl_rank(s->pd) == 2) return ENG_STATUS_OK;
+            if (getenv("TENSORD_NN_DEBUG")) fprintf(stderr, "conv+dw: oneDNN fused kernel is %s\n", krn_dnnl_impl_name(s->pd));
+            conv_clear(s);
+        } else if (getenv("TENSORD_NN_DEBUG")) {
+            fprintf(stderr, "conv+dw: no fused kernel (%s)\n", eng_last_error());
+        }
+        eng_err_clear();
+        return conv_dw_split_build(c, s);
+    }
     if (conv_want_winograd(c->params, &c->in[0], &c->out[0])) {
         if (conv_try_build(c, s, dnnl_convolution_winograd, 0) == ENG_STATUS_OK) return ENG_STATUS_OK;
         eng_err_clear(); /* oneDNN has no Winograd kernel for this shape or machine: go direct */
@@ -152,8 +207,10 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     const eng_tensor *x = &c->in[0], *w = &c->in[1], *y = &c->out[0];
     int nsp = p->nspatial, nd = nsp + 2;
     int64_t G = p->group, M = y->dims[1];
-    dnnl_dims_t sd, wd, bd, dd, st, dl, pl, pr;
-    for (int i = 0; i < nd; i++) sd[i] = x->dims[i], dd[i] = y->dims[i];
+    dnnl_dims_t sd, wd, bd, dd, st, dl, pl, pr, fd;
+    for (int i = 0; i < nd; i++) sd[i] = x->dims[i], dd[i] = fd[i] = y->dims[i];
+    int dw = p->dw_stride > 0 && nd == 4;
+    if (dw) dd[2] = x->dims[2], dd[3] = x->dims[3]; /* the 1x1 conv's own output; Y (fd) is the depthwise one's */
     int wnd = G > 1 ? nd + 1 : nd;
     if (G > 1) {
         wd[0] = G, wd[1] = M / G, wd[2] = x->dims[1] / G;
@@ -175,8 +232,9 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED16_PADDED) stag = dnnl_nChw16c;
     if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED16_PADDED) dtag = dnnl_nChw16c;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, nd, sd, dnnl_f32, stag));
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, dd, dnnl_f32, dtag));
-    dnnl_memory_desc_t smd_op = smd, dmd_op = dmd; /* what the primitive is asked for */
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, fd, dnnl_f32, dtag));
+    dnnl_memory_desc_t smd_op = smd, dmd_op; /* what the primitive is asked for */
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, dnnl_f32, dtag));
     if (any_io & 1) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd_op, nd, sd, dnnl_f32, dnnl_format_tag_any));
     if (any_io & 2) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, dnnl_f32, dnnl_format_tag_any));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wplain, wnd, wd, dnnl_f32, conv_plain_tags[wnd]));
@@ -215,7 +273,17 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
         dnnl_post_ops_destroy(po);
         return est;
     }
-    ENG_TRY(krn_dnnl_prim(&cd, po, &p->act, &s->pd, &s->prim, &s->mscratch));
+    if (dw && est == ENG_STATUS_OK) { /* 1x1 activation, then the depthwise conv, whose activation comes last */
+        est = krn_dnnl_append_act(po, &p->act);
+        dnnl_status_t ds = p->dw_stride == 1 ? dnnl_post_ops_append_dw_k3s1p1(po, dnnl_f32, dnnl_f32, dnnl_f32, 0, 0, NULL)
+                                             : dnnl_post_ops_append_dw_k3s2p1(po, dnnl_f32, dnnl_f32, dnnl_f32, 0, 0, NULL);
+        if (est == ENG_STATUS_OK && ds != dnnl_success) est = krn_dnnl_fail(ds, "dnnl_post_ops_append_dw", __func__, __FILE__, __LINE__);
+        if (est != ENG_STATUS_OK) {
+            dnnl_post_ops_destroy(po);
+            return est;
+        }
+    }
+    ENG_TRY(krn_dnnl_prim(&cd, po, dw ? &p->dw_act : &p->act, &s->pd, &s->prim, &s->mscratch));
     dnnl_engine_t eng;
     ENG_TRY(krn_dnnl_engine(&eng));
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(s->pd, dnnl_query_weights_md, 0);
@@ -240,8 +308,28 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, pdst, eng, DNNL_MEMORY_NONE));
     if (has_b) KRN_DNNL_CHECK(dnnl_memory_create(&s->mbias, &bmd, eng, DNNL_MEMORY_NONE));
     if (has_res && !s->res_sum) KRN_DNNL_CHECK(dnnl_memory_create(&s->mres, &rmd, eng, DNNL_MEMORY_NONE));
+    if (dw) {
+        if (!((c->const_mask >> 4) & 1)) return eng_err(ENG_STATUS_UNSUPPORTED, "fused depthwise conv needs a constant W");
+        const dnnl_memory_desc_t *dwm = dnnl_primitive_desc_query_md(s->pd, dnnl_query_exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
+        const dnnl_memory_desc_t *dbm = dnnl_primitive_desc_query_md(s->pd, dnnl_query_exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS);
+        if (!dwm || !dbm || !dwm->ndims) return eng_err(ENG_STATUS_UNSUPPORTED, "oneDNN kept no depthwise post-op");
+        dnnl_dims_t gd = {fd[1], 1, 1, 3, 3};
+        dnnl_memory_desc_t gplain;
+        KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&gplain, 5, gd, dnnl_f32, dnnl_goihw));
+        ENG_TRY(krn_dnnl_reorder_new(&gplain, c->in[4].data, dwm, &s->dw_wpack));
+        KRN_DNNL_CHECK(dnnl_memory_create(&s->mdw_w, dwm, eng, s->dw_wpack));
+        int has_db = c->nin > 5 && c->in[5].dtype != ENG_DTYPE_UNDEFINED;
+        if (!has_db && !(s->dw_bzero = calloc((size_t)fd[1], sizeof(float))))
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "fused depthwise conv bias");
+        KRN_DNNL_CHECK(dnnl_memory_create(&s->mdw_b, dbm, eng, has_db ? DNNL_MEMORY_NONE : s->dw_bzero));
+    }
     s->use_dnnl = 1;
     conv_describe_state(s);
+    if (dw) {
+        char t[sizeof s->desc + 16];
+        snprintf(t, sizeof t, "%s +dw3x3s%d", s->desc, p->dw_stride);
+        krn_str_copy(s->desc, sizeof s->desc, t);
+    }
     return ENG_STATUS_OK;
 }
 
@@ -308,13 +396,18 @@ static eng_status conv_run_prim(conv_state *s, dnnl_stream_t stream, const void 
     KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, (void *)src));
     KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, dst));
     if (!s->wconst) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
-    dnnl_exec_arg_t args[6] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
+    dnnl_exec_arg_t args[8] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
     int na = 3;
     if (s->mscratch) args[na].arg = DNNL_ARG_SCRATCHPAD, args[na++].memory = s->mscratch;
     if (s->res_sum && !s->rres.prim && c->in[3].data != dst) memcpy(dst, c->in[3].data, s->zbytes);
     if (s->mbias) {
         KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, c->in[2].data));
         args[na].arg = DNNL_ARG_BIAS, args[na++].memory = s->mbias;
+    }
+    if (s->mdw_w) {
+        if (!s->dw_bzero) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdw_b, c->in[5].data));
+        args[na].arg = DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS, args[na++].memory = s->mdw_w;
+        args[na].arg = DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS, args[na++].memory = s->mdw_b;
     }
     if (s->mres) {
         KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mres, c->in[3].data));
@@ -329,6 +422,14 @@ static eng_status conv_run_prim(conv_state *s, dnnl_stream_t stream, const void 
 void krn_cpu_conv_describe(const krn_call *c, krn_impl_info *info) {
     const conv_state *s = c->state;
     memset(info, 0, sizeof *info);
+    if (s && s->dw_split) {
+        char t[2 * sizeof s->desc + 32];
+        snprintf(t, sizeof t, "%s, then %s", s->sub[0]->desc, s->sub[1]->desc);
+        krn_str_copy(info->impl, sizeof info->impl, t);
+        info->slow = s->sub[0]->slow || s->sub[1]->slow;
+        info->reorders = !!s->sub[0]->rsrc.prim + !!s->sub[0]->rdst.prim + !!s->sub[1]->rsrc.prim + !!s->sub[1]->rdst.prim;
+        return;
+    }
     if (s && s->sub[0]) {
         char t[sizeof s->desc + 32];
         snprintf(t, sizeof t, "%s +maxpool(blocked)", s->sub[0]->desc);
@@ -382,13 +483,14 @@ eng_status krn_cpu_conv_init(krn_call *c) {
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv state");
     krn_dnnl_set_threads(c->nthreads);
     eng_status st = conv_dnnl_build(c, s);
-    if (st == ENG_STATUS_OK && (getenv("TENSORD_CONV_REF") == NULL || p->x_layout || p->y_layout)) {
+    if (st == ENG_STATUS_OK && (getenv("TENSORD_CONV_REF") == NULL || p->x_layout || p->y_layout || p->dw_stride)) {
         c->state = s;
         return ENG_STATUS_OK;
     }
     krn_cpu_conv_free(s);
     if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
     if (p->x_layout || p->y_layout) return st; /* reference loops only read/write plain layouts */
+    if (p->dw_stride) return st != ENG_STATUS_OK ? st : eng_err(ENG_STATUS_UNSUPPORTED, "fused depthwise conv needs oneDNN");
     if (st != ENG_STATUS_OK && getenv("TENSORD_NN_DEBUG")) fprintf(stderr, "conv: oneDNN refused (%s); reference loops\n", eng_last_error());
     eng_err_clear();
     return ENG_STATUS_OK; /* reference loops */
@@ -478,6 +580,18 @@ static eng_status conv_exec_ref(krn_call *c) {
     return ENG_STATUS_OK;
 }
 
+static eng_status conv_dw_split_exec(krn_call *c, conv_state *s, dnnl_stream_t stream) {
+    eng_tensor mid = c->out[0];
+    mid.data = s->scratch;
+    mid.dims[2] = c->in[0].dims[2], mid.dims[3] = c->in[0].dims[3];
+    eng_tensor in1[3] = {c->in[0], c->in[1], c->nin > 2 ? c->in[2] : (eng_tensor){0}};
+    eng_tensor in2[3] = {mid, c->in[4], c->nin > 5 ? c->in[5] : (eng_tensor){0}};
+    krn_call c1 = *c, c2 = *c;
+    c1.in = in1, c1.nin = 3, c2.in = in2, c2.nin = 3;
+    ENG_TRY(conv_run_prim(s->sub[0], stream, c->in[0].data, s->scratch, &c1));
+    return conv_run_prim(s->sub[1], stream, s->scratch, c->out[0].data, &c2);
+}
+
 eng_status krn_cpu_conv_exec(krn_call *c) {
     conv_state *s = c->state;
     const krn_conv_params *p = c->params;
@@ -488,5 +602,6 @@ eng_status krn_cpu_conv_exec(krn_call *c) {
     ENG_TRY(krn_dnnl_stream(&stream));
     krn_dnnl_set_threads(c->nthreads);
     if (p->pool) return conv_pool_exec(c, s, stream);
+    if (s->dw_split) return conv_dw_split_exec(c, s, stream);
     return conv_run_prim(s, stream, c->in[0].data, c->out[0].data, c);
 }

@@ -163,6 +163,17 @@ def case_dense_block(c):
     return g.model(g.conv(t, c, c))
 
 
+def case_expand_dw_s2(c):
+    """An expand 1x1 conv (6c channels) feeding a stride-2 depthwise 3x3 conv, with and without biases and
+    activations: engine/plan/fuse.c fuses each pair into one conv with a depthwise post-op."""
+    g = G(3, 28)
+    t = g.op("Relu", [g.conv("x", 3, c)])
+    u = g.op("Clip", [g.conv(t, c, 6 * c, k=1, pad=0), g.const(np.float32(0)), g.const(np.float32(6))])
+    u = g.op("Relu", [g.conv(u, 6 * c, 6 * c, group=6 * c, stride=2)])
+    v = g.conv(g.conv(u, 6 * c, 2 * c, k=1, pad=0), 2 * c, 2 * c, group=2 * c, stride=2, bias=False)
+    return g.model(g.conv(v, 2 * c, c, k=1, pad=0))
+
+
 def case_mbconv(c):
     """MobileNet-V2 inverted residuals whose narrow width c (24: not a multiple of 16) sits between 6c-channel
     tensors: stem -> project to c -> 2 x (expand 6c, Relu6, depthwise, Relu6, project c, + skip) -> conv."""
@@ -176,7 +187,7 @@ def case_mbconv(c):
     return g.model(g.conv(t, c, 32))
 
 
-CASES = {f.__name__[5:]: f for f in [case_mbconv, case_dense_block, case_stem_pool_conv, case_residual_add_relu, case_depthwise_hardswish,
+CASES = {f.__name__[5:]: f for f in [case_expand_dw_s2, case_mbconv, case_dense_block, case_stem_pool_conv, case_residual_add_relu, case_depthwise_hardswish,
                                       case_se_block, case_concat_blocked, case_channel_shuffle, case_resize_conv,
                                       case_avgpool_ceil_flatten_gemm]}
 
@@ -244,3 +255,30 @@ def test_narrow_stage_needs_no_conversion(tensord):
     assert line, out[-2000:]
     n = int(line[-1].split("profile:")[1].split()[0])
     assert n <= 1, f"expected at most 1 layout reorder, got {n}:\n{out[-4000:]}"
+
+
+@pytest.mark.parametrize("split", ["0", "1"], ids=["fused", "two-primitives"])
+def test_expand_depthwise_pair_fuses(tensord, split):
+    """The 1x1 -> depthwise 3x3 pairs run as one step (oneDNN's depthwise post-op, `+dw3x3s<stride>`), or, with
+    TENSORD_CONV_DW_SPLIT=1, as the fallback's two primitives in one step; both match onnxruntime."""
+    env = {"TENSORD_CONV_DW_SPLIT": split} if split == "1" else {}
+    model = case_expand_dw_s2(32)
+    out = _bench(tensord, model, {"TENSORD_PROFILE": "1", **env})
+    assert " steps=4 " in out, f"expected 4 steps (stem, two 1x1+depthwise pairs, last conv):\n{out[-3000:]}"
+    block = out.split("mean ms per step", 1)[1].split("profile:", 1)[0]  # one plan's steps (split runs print one per chunk plan)
+    steps = [l for l in block.splitlines()[1:] if l.startswith("  ") and len(l.split()) > 2]
+    pairs = [l for l in steps if "+dw3x3s2" in l or ", then " in l]
+    assert len(pairs) == 2, f"expected two fused 1x1+depthwise steps:\n{out[-3000:]}"
+    if split == "1":
+        assert all(", then " in l for l in pairs), "TENSORD_CONV_DW_SPLIT=1 still ran the fused primitive"
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        feeds = _feeds(model)
+        assert_matches_ort(tensord.predict(tensord.save_model(model, "dw.onnx"), feeds, threads=2), model, feeds)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
