@@ -244,7 +244,6 @@ void krn_cpu_deconv_describe(const krn_call *c, krn_impl_info *info) {
 
 /* ---- reference ---- */
 
-
 #define DECONV_REF_IMPL(NAME, T)                                                                               \
     static void NAME(const krn_call *c, const conv_geo *g) {                                                 \
         const T *X = c->in[0].data, *W = c->in[1].data;                                                        \
