@@ -156,6 +156,11 @@ typedef struct krn_dnnl_reorder {
 eng_status krn_dnnl_reorder_init(krn_dnnl_reorder *r, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to);
 eng_status krn_dnnl_reorder_run(krn_dnnl_reorder *r, dnnl_stream_t stream, const void *from, void *to);
 void krn_dnnl_reorder_free(krn_dnnl_reorder *r); /* safe on a zeroed or already freed struct */
+/* When a primitive wants an activation in `prim` but the plan holds it in `plan`, set up the counted reorder
+ * (plan -> prim for an input, prim -> plan for an output) and *buf, a buffer in `prim`'s layout (eng_free);
+ * nothing when they are equal. */
+eng_status krn_dnnl_io_reorder(const dnnl_memory_desc_t *plan, const dnnl_memory_desc_t *prim, int input,
+                               krn_dnnl_reorder *r, void **buf);
 #endif
 
 /* Apply an activation in place on n floats (reference/fallback paths). */

@@ -36,21 +36,11 @@ static int act_ew_kind(const eng_node *n) {
     return EW_NONE;
 }
 
-/* A float scalar constant: a one-element float initializer or Constant node. */
+/* A float scalar constant: a one-element float initializer (eng_graph_fuse has made Constant nodes
+ * initializers before any rule runs). */
 static int act_scalar(const eng_graph *g, int v, double *out) {
     if (v < 0) return 0;
     const eng_tensor *t = fz_const_f32(g, v);
-    const eng_value *val = &g->values[v];
-    if (!t && !val->init && val->producer >= 0) {
-        const eng_node *pn = &g->nodes[val->producer];
-        if (!fz_is_op(pn, "Constant")) return 0;
-        const eng_attr *a = eng_node_attr(pn, "value");
-        if (a && a->type == ENG_ATTR_TENSOR && a->t.dtype == ENG_DTYPE_F32 && a->t.data) t = &a->t;
-        else if ((a = eng_node_attr(pn, "value_float")) != NULL) {
-            *out = a->f;
-            return 1;
-        }
-    }
     if (!t || eng_tensor_numel(t) != 1) return 0;
     *out = ((const float *)t->data)[0];
     return 1;

@@ -45,14 +45,7 @@ static int fz_is_ew_blockable(const eng_node *n) {
  * ([C,1,1], [1,C,1,1], [N,C,1,1]). Clip's min/max inputs are scalars too. */
 static int fz_layout_free_const(const eng_graph *g, int v) {
     if (v < 0) return 1;
-    const eng_value *val = &g->values[v];
-    const eng_tensor *t = val->init;
-    if (!t && val->producer >= 0) { /* a Constant node's value */
-        const eng_node *pn = &g->nodes[val->producer];
-        const eng_attr *a = fz_is_op(pn, "Constant") ? eng_node_attr(pn, "value") : NULL;
-        if (a && a->type == ENG_ATTR_TENSOR) t = &a->t;
-        else if (fz_is_op(pn, "Constant") && (eng_node_attr(pn, "value_float") || eng_node_attr(pn, "value_int"))) return 1;
-    }
+    const eng_tensor *t = g->values[v].init; /* Constant nodes are initializers by now (fz_hoist_constants) */
     if (!t) return 0;
     if (eng_tensor_numel(t) == 1) return 1;
     return t->ndim >= 3 && t->ndim <= 4 && t->dims[t->ndim - 1] == 1 && t->dims[t->ndim - 2] == 1;

@@ -265,6 +265,15 @@ eng_status krn_dnnl_reorder_run(krn_dnnl_reorder *r, dnnl_stream_t stream, const
     return ENG_STATUS_OK;
 }
 
+eng_status krn_dnnl_io_reorder(const dnnl_memory_desc_t *plan, const dnnl_memory_desc_t *prim, int input,
+                               krn_dnnl_reorder *r, void **buf) {
+    if (dnnl_memory_desc_equal(plan, prim)) return ENG_STATUS_OK;
+    ENG_TRY(input ? krn_dnnl_reorder_init(r, plan, prim) : krn_dnnl_reorder_init(r, prim, plan));
+    size_t sz = dnnl_memory_desc_get_size(prim);
+    if (!(*buf = eng_alloc(sz ? sz : 64))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "layout reorder: %zu bytes", sz);
+    return ENG_STATUS_OK;
+}
+
 void krn_dnnl_reorder_free(krn_dnnl_reorder *r) {
     if (r->prim) dnnl_primitive_destroy(r->prim);
     if (r->src) dnnl_memory_destroy(r->src);

@@ -6,6 +6,12 @@
 #include "../kernel.h"
 #include "../krn-nn.h"
 
+#ifdef ONEAPI_DNNL_DNNL_H
+/* oneDNN's plain (row-major) tag for a rank, 1..6. */
+static const dnnl_format_tag_t conv_plain_tags[7] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc,
+                                                     dnnl_abcd, dnnl_abcde, dnnl_abcdef};
+#endif
+
 /* Shapes padded to 3 spatial dims (missing ones are 1, leading): in/out/kernel/stride/dilation/begin pad. */
 typedef struct conv_geo {
     int64_t N, C, M, G, Cg, Mg;

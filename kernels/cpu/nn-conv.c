@@ -85,8 +85,6 @@ void krn_cpu_conv_free(void *p) {
     free(p);
 }
 
-static const dnnl_format_tag_t conv_plain_tags[7] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc,
-                                                     dnnl_abcd, dnnl_abcde, dnnl_abcdef};
 
 /* Winograd F(4x4, 3x3) (oneDNN) for 3x3 stride-1 convs with at least 32 input and output channels: measured
  * 1.3-1.8x faster than the direct kernel there, slower below 32 channels. Its rounding differs from direct
@@ -295,14 +293,8 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     }
     const dnnl_memory_desc_t *psrc = dnnl_primitive_desc_query_md(s->pd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *pdst = dnnl_primitive_desc_query_md(s->pd, dnnl_query_dst_md, 0);
-    if (!dnnl_memory_desc_equal(psrc, &smd)) {
-        ENG_TRY(krn_dnnl_reorder_init(&s->rsrc, &smd, psrc));
-        if (!(s->tsrc = eng_alloc(dnnl_memory_desc_get_size(psrc)))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv src reorder");
-    }
-    if (!dnnl_memory_desc_equal(pdst, &dmd)) {
-        ENG_TRY(krn_dnnl_reorder_init(&s->rdst, pdst, &dmd));
-        if (!(s->tdst = eng_alloc(dnnl_memory_desc_get_size(pdst)))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "conv dst reorder");
-    }
+    ENG_TRY(krn_dnnl_io_reorder(&smd, psrc, 1, &s->rsrc, &s->tsrc));
+    ENG_TRY(krn_dnnl_io_reorder(&dmd, pdst, 0, &s->rdst, &s->tdst));
     if (has_res && s->res_sum && !dnnl_memory_desc_equal(pdst, &rmd)) ENG_TRY(krn_dnnl_reorder_init(&s->rres, &rmd, pdst));
     KRN_DNNL_CHECK(dnnl_memory_create(&s->msrc, psrc, eng, DNNL_MEMORY_NONE));
     KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, pdst, eng, DNNL_MEMORY_NONE));

@@ -70,8 +70,6 @@ void krn_cpu_deconv_free(void *state) {
     free(state);
 }
 
-static const dnnl_format_tag_t deconv_plain_tags[6] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc, dnnl_abcd,
-                                                       dnnl_abcde};
 /* ONNX W as oneDNN weights, by weights rank: (M, C, k...) stored C-major ("iw", "iohw", "iodhw") or, with
  * groups, (G, M/G, C/G, k...) stored (G, C/G, M/G, k...) ("giow", "giohw", "giodhw"). */
 static const dnnl_format_tag_t deconv_wtag_nogroup[6] = {0, 0, 0, dnnl_bac, dnnl_iohw, dnnl_iodhw};
@@ -125,7 +123,7 @@ static eng_status deconv_build_into(krn_call *c, deconv_state *s, int any_io) {
         pl[i] = p->pads[i];
         pr[i] = p->pads[nsp + i];
     }
-    dnnl_format_tag_t stag = deconv_plain_tags[nd], dtag = deconv_plain_tags[nd];
+    dnnl_format_tag_t stag = conv_plain_tags[nd], dtag = conv_plain_tags[nd];
     if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED) stag = krn_nn_blocked16(sd[1]) ? dnnl_nChw16c : dnnl_nhwc;
     if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = krn_nn_blocked16(dd[1]) ? dnnl_nChw16c : dnnl_nhwc;
     dnnl_memory_desc_t smd, dmd, smd_op, dmd_op, wplain, wany, bmd;
@@ -160,16 +158,8 @@ static eng_status deconv_build_into(krn_call *c, deconv_state *s, int any_io) {
     KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, s->wpack ? s->wpack : DNNL_MEMORY_NONE));
     const dnnl_memory_desc_t *psrc = dnnl_primitive_desc_query_md(s->pd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *pdst = dnnl_primitive_desc_query_md(s->pd, dnnl_query_dst_md, 0);
-    if (!dnnl_memory_desc_equal(psrc, &smd)) {
-        ENG_TRY(krn_dnnl_reorder_init(&s->rsrc, &smd, psrc));
-        if (!(s->tsrc = eng_alloc(dnnl_memory_desc_get_size(psrc))))
-            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "ConvTranspose src reorder");
-    }
-    if (!dnnl_memory_desc_equal(pdst, &dmd)) {
-        ENG_TRY(krn_dnnl_reorder_init(&s->rdst, pdst, &dmd));
-        if (!(s->tdst = eng_alloc(dnnl_memory_desc_get_size(pdst))))
-            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "ConvTranspose dst reorder");
-    }
+    ENG_TRY(krn_dnnl_io_reorder(&smd, psrc, 1, &s->rsrc, &s->tsrc));
+    ENG_TRY(krn_dnnl_io_reorder(&dmd, pdst, 0, &s->rdst, &s->tdst));
     KRN_DNNL_CHECK(dnnl_memory_create(&s->msrc, psrc, eng, DNNL_MEMORY_NONE));
     KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, pdst, eng, DNNL_MEMORY_NONE));
     if (has_b) KRN_DNNL_CHECK(dnnl_memory_create(&s->mbias, &bmd, eng, DNNL_MEMORY_NONE));
