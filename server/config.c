@@ -38,6 +38,12 @@ static const opt_def opt_table[] = {
     {"rest_api_connection_limit", OPT_INT, O(connection_limit)},
     {"rest_api_connection_timeout_seconds", OPT_INT, O(connection_timeout_s)},
     {"drain_seconds", OPT_DOUBLE, O(drain_seconds)},
+    {"rest_api_header_timeout_seconds", OPT_INT, O(header_timeout_s)},
+    {"rest_api_per_ip_connection_limit", OPT_INT, O(per_ip_connection_limit)},
+    {"model_load_timeout_seconds", OPT_DOUBLE, O(model_load_timeout_s)},
+    {"log_format", OPT_STR, O(log_format)},
+    {"model_control_mode", OPT_STR, O(model_control_mode)},
+    {"admin_token_file", OPT_STR, O(admin_token_file)},
 };
 #undef O
 
@@ -77,6 +83,27 @@ static srv_code opt_set(srv_options *o, const opt_def *d, const char *v, srv_err
     return SRV_INTERNAL;
 }
 
+/* The bearer token from --admin_token_file (first line, trailing whitespace cut) or env TENSORD_ADMIN_TOKEN. */
+static srv_code srv_options_admin_token(srv_options *o, srv_error *err) {
+    const char *env = getenv("TENSORD_ADMIN_TOKEN");
+    if (!o->admin_token_file) {
+        if (env && *env && !(o->admin_token = strdup(env))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+        return SRV_OK;
+    }
+    FILE *f = fopen(o->admin_token_file, "r");
+    if (!f) return srv_err(err, SRV_INVALID_ARGUMENT, "--admin_token_file: cannot read '%s': %s", o->admin_token_file,
+                           strerror(errno));
+    char line[512];
+    size_t n = fgets(line, sizeof line, f) ? strlen(line) : 0;
+    fclose(f);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t')) line[--n] = 0;
+    if (n < 16)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "--admin_token_file: '%s' holds a token of %zu characters; use at least 16",
+                       o->admin_token_file, n);
+    o->admin_token = strdup(line);
+    return o->admin_token ? SRV_OK : srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+}
+
 srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err) {
     memset(o, 0, sizeof *o);
     o->grpc_port = 8500;
@@ -87,6 +114,9 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     o->connection_limit = 2048;
     o->connection_timeout_s = 30;
     o->drain_seconds = 30;
+    o->header_timeout_s = 10;
+    o->per_ip_connection_limit = 256;
+    o->model_load_timeout_s = 600;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0)
@@ -129,7 +159,17 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     if (!o->model_name) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     if (o->rest_port > 65535 || o->grpc_port > 65535) return srv_err(err, SRV_INVALID_ARGUMENT, "ports must be <= 65535");
     if (o->max_body_bytes < 1024) return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_max_body_bytes must be >= 1024");
-    return SRV_OK;
+    if (o->header_timeout_s < 1) return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_header_timeout_seconds must be >= 1");
+    if (o->per_ip_connection_limit < 1)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_per_ip_connection_limit must be >= 1");
+    if (o->model_load_timeout_s <= 0) return srv_err(err, SRV_INVALID_ARGUMENT, "--model_load_timeout_seconds must be > 0");
+    if (o->log_format && strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "--log_format: expected text or json, got '%s'", o->log_format);
+    if (o->model_control_mode && strcmp(o->model_control_mode, "poll") != 0 &&
+        strcmp(o->model_control_mode, "explicit") != 0)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "--model_control_mode: expected poll or explicit, got '%s'",
+                       o->model_control_mode);
+    return srv_options_admin_token(o, err);
 }
 
 void srv_options_free(srv_options *o) {
@@ -139,6 +179,10 @@ void srv_options_free(srv_options *o) {
     free(o->model_config_file);
     free(o->batching_parameters_file);
     free(o->monitoring_config_file);
+    free(o->log_format);
+    free(o->model_control_mode);
+    free(o->admin_token_file);
+    free(o->admin_token);
     memset(o, 0, sizeof *o);
 }
 

@@ -29,6 +29,13 @@ typedef struct srv_options {
     int connection_limit;              /* --rest_api_connection_limit, 2048 */
     int connection_timeout_s;          /* --rest_api_connection_timeout_seconds, 30 */
     double drain_seconds;              /* --drain_seconds: SIGTERM grace for in-flight requests, 30 */
+    int header_timeout_s;              /* --rest_api_header_timeout_seconds: whole request (headers + body), 10 */
+    int per_ip_connection_limit;       /* --rest_api_per_ip_connection_limit, 256 */
+    double model_load_timeout_s;       /* --model_load_timeout_seconds: one version's load, 600 */
+    char *log_format;                  /* --log_format: "text" (default) or "json" */
+    char *model_control_mode;          /* --model_control_mode (Triton's): "poll" (default) or "explicit" */
+    char *admin_token_file;            /* --admin_token_file (else env TENSORD_ADMIN_TOKEN): bearer token */
+    char *admin_token;                 /* read from admin_token_file or the env; NULL: none configured */
 } srv_options;
 
 /* Parse `tensord serve` flags (argv[0] is "serve"). Accepts --flag=value and --flag value, booleans as

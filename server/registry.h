@@ -97,6 +97,8 @@ typedef struct srv_registry_opts {
     const srv_batch_opts *batching; /* NULL: batching off */
     int allow_labels_for_unavailable; /* --allow_version_labels_for_unavailable_models */
     srv_metrics *metrics;        /* may be NULL */
+    double load_timeout_s;       /* --model_load_timeout_seconds: a longer load fails that version only; <= 0: 600 */
+    int explicit_control;        /* --model_control_mode=explicit: models load/unload on request (srv_registry_load) */
 } srv_registry_opts;
 
 typedef struct srv_registry srv_registry;

@@ -38,6 +38,8 @@ struct srv_rest {
     int64_t timeout_ms;
     int metrics_enabled;
     char *metrics_path;
+    int explicit_control;   /* Triton's --model_control_mode=explicit */
+    char *admin_token;      /* NULL: none configured */
     atomic_int inflight;
     atomic_int quiescing;
     srv_rest_pool pool;
@@ -62,6 +64,7 @@ typedef struct srv_rest_req {
     int64_t t0_us;        /* arrival (srv_now_us) */
     int64_t deadline_us;  /* 0: none */
     const char *header_len; /* Inference-Header-Content-Length value or NULL */
+    const char *authorization; /* Authorization header or NULL */
     struct srv_rest_job **defer; /* non-NULL: the handler may hand back the rest of its work (see below) */
 } srv_rest_req;
 
@@ -100,5 +103,8 @@ int srv_rest_split(const char *path, char segs[][256], int max);
 
 int srv_rest_tfs(const srv_rest_req *q, srv_reply *o);
 int srv_rest_kserve(const srv_rest_req *q, srv_reply *o);
+/* Triton's model repository extension: /v2/repository/index and /v2/repository/models/{m}/load|unload
+ * (rest-repo.c). */
+int srv_rest_repo(const srv_rest_req *q, srv_reply *o);
 
 #endif

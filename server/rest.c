@@ -54,7 +54,7 @@ struct srv_rest_conn {
     /* deferred to the worker pool (connection suspended meanwhile) */
     int phase;            /* SRV_RC_* */
     struct MHD_Connection *c;
-    const char *url, *method, *header_len; /* MHD's, valid until the request ends */
+    const char *url, *method, *header_len, *authorization; /* MHD's, valid until the request ends */
     srv_rest_job *job;    /* NULL: the whole dispatch runs on the worker */
     srv_reply out;
     srv_rest_conn *next;  /* pool queue */
@@ -159,7 +159,7 @@ int srv_rest_quick(const srv_rest_req *q, srv_version *v, const srv_tensors *in)
 static void srv_rest_dispatch(srv_rest *r, srv_rest_conn *cn, srv_rest_job **defer, srv_reply *o) {
     const char *url = cn->url, *method = cn->method;
     srv_rest_req q = {.r = r, .method = method, .path = url, .body = cn->body, .len = cn->len, .t0_us = cn->t0,
-                      .header_len = cn->header_len, .defer = defer};
+                      .header_len = cn->header_len, .authorization = cn->authorization, .defer = defer};
     if (r->timeout_ms > 0) q.deadline_us = cn->t0 + r->timeout_ms * 1000;
     if (r->metrics_enabled && (strcmp(url, "/metrics") == 0 || (r->metrics_path && strcmp(url, r->metrics_path) == 0))) {
         if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
@@ -173,7 +173,7 @@ static void srv_rest_dispatch(srv_rest *r, srv_rest_conn *cn, srv_rest_job **def
         else srv_reply_text(o, 200, text, len, "text/plain; version=0.0.4; charset=utf-8");
         return;
     }
-    if (srv_rest_tfs(&q, o) || srv_rest_kserve(&q, o)) return;
+    if (srv_rest_tfs(&q, o) || srv_rest_repo(&q, o) || srv_rest_kserve(&q, o)) return;
     char msg[300];
     snprintf(msg, sizeof msg, "Malformed request: %s %.200s", method, url);
     srv_reply_error(o, 404, msg);
@@ -308,6 +308,7 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
     cn->url = url;
     cn->method = method;
     cn->header_len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Inference-Header-Content-Length");
+    cn->authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (cn->len > SRV_REST_INLINE_BODY && srv_rest_defer(r, cn, 0) == 0) return MHD_YES;
     srv_reply o = {0};
     srv_rest_job *job = NULL;
@@ -434,6 +435,8 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     r->max_body = d.max_body_bytes > 0 ? d.max_body_bytes : (size_t)64 << 20;
     r->timeout_ms = d.request_timeout_ms > 0 ? d.request_timeout_ms : 0;
     r->metrics_enabled = d.metrics_enabled;
+    r->explicit_control = d.explicit_control;
+    r->admin_token = d.admin_token ? strdup(d.admin_token) : NULL;
     pthread_mutex_init(&r->pool.mu, NULL);
     pthread_cond_init(&r->pool.work, NULL);
     pthread_cond_init(&r->pool.idle, NULL);
@@ -498,6 +501,7 @@ void srv_rest_stop(srv_rest **pr) {
     if (r->d) MHD_stop_daemon(r->d);
     srv_rest_pool_destroy(r);
     free(r->metrics_path);
+    free(r->admin_token);
     free(r);
     *pr = NULL;
 }

@@ -18,6 +18,10 @@ typedef struct srv_rest_opts {
     int64_t request_timeout_ms;/* --rest_api_timeout_in_ms; 0: none */
     int metrics_enabled;       /* Prometheus endpoint on */
     const char *metrics_path;  /* "/monitoring/prometheus/metrics" (and /metrics always when enabled) */
+    int header_timeout_s;      /* a request's headers and body must arrive within this, default 10 */
+    int per_ip_connection_limit; /* connections from one client address, default 256 */
+    int explicit_control;      /* --model_control_mode=explicit: /v2/repository/models/{m}/load|unload on */
+    const char *admin_token;   /* NULL: none; else the repository calls need "Authorization: Bearer <it>" */
 } srv_rest_opts;
 
 typedef struct srv_rest srv_rest;

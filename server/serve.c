@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "config.h"
+#include "log.h"
 #include "metrics.h"
 #include "registry.h"
 #include "rest.h"
@@ -54,6 +55,7 @@ int srv_cmd_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    srv_log_set_json(o.log_format && strcmp(o.log_format, "json") == 0);
     signal(SIGPIPE, SIG_IGN);
 
     srv_batch_opts bopts;
@@ -77,7 +79,9 @@ int srv_cmd_serve(int argc, char **argv) {
     srv_registry_opts ro = {.session_threads = o.session_threads,
                             .batching = o.enable_batching ? &bopts : NULL,
                             .allow_labels_for_unavailable = o.allow_version_labels_for_unavailable_models,
-                            .metrics = metrics};
+                            .metrics = metrics,
+                            .load_timeout_s = o.model_load_timeout_s,
+                            .explicit_control = o.model_control_mode && strcmp(o.model_control_mode, "explicit") == 0};
     srv_registry *reg = srv_registry_new(&ro);
     if (!reg || !metrics || serve_apply_config(&o, reg) != 0) {
         srv_registry_free(&reg);
@@ -98,7 +102,11 @@ int srv_cmd_serve(int argc, char **argv) {
                              .connection_timeout_s = o.connection_timeout_s,
                              .request_timeout_ms = o.rest_api_timeout_in_ms,
                              .metrics_enabled = metrics_on,
-                             .metrics_path = metrics_path ? metrics_path : "/monitoring/prometheus/metrics"};
+                             .metrics_path = metrics_path ? metrics_path : "/monitoring/prometheus/metrics",
+                             .header_timeout_s = o.header_timeout_s,
+                             .per_ip_connection_limit = o.per_ip_connection_limit,
+                             .explicit_control = ro.explicit_control,
+                             .admin_token = o.admin_token};
         rest = srv_rest_start(&rop, reg, metrics, &err);
         if (!rest) {
             fprintf(stderr, "error: REST server on %s:%d: %s\n", o.rest_host ? o.rest_host : "0.0.0.0", o.rest_port,
