@@ -145,9 +145,11 @@ demo: all
 	$(BUILD)/tensord predict --model $(BUILD)/demo/fashion/1 --input images=$(BUILD)/demo/images.npy --output-dir $(BUILD)/demo/out
 	$(PY) models/demo/show.py $(BUILD)/demo/out/probabilities.npy $(BUILD)/demo/labels.npy
 
-# Serve the demo bundle on the TF Serving ports (REST 8501) until Ctrl-C.
+# Serve the demo bundle on the TF Serving ports (REST 8501) until Ctrl-C, on loopback only; `make serve-demo
+# DEMO_HOST=0.0.0.0` exposes it on every interface.
+DEMO_HOST ?= 127.0.0.1
 serve-demo: demo
-	$(BUILD)/tensord serve --port=0 --rest_api_port=8501 --model_name=fashion --model_base_path=$(BUILD)/demo/fashion
+	$(BUILD)/tensord serve --port=0 --rest_api_host=$(DEMO_HOST) --rest_api_port=8501 --model_name=fashion --model_base_path=$(BUILD)/demo/fashion
 
 clean:
 	rm -rf build

@@ -19,6 +19,9 @@
  *  - signature.json is checked strictly: unknown keys, wrong types, names that are not graph inputs/outputs,
  *    duplicated names and a required graph input left unmapped are errors naming model, version and file.
  *    Its nesting depth is checked before it is parsed. labels_file may not leave the version directory.
+ *  - Every file a load reads from a version directory is opened by srv_bundle_open: inside the directory once
+ *    symlinks are resolved, a regular file, opened non-blocking (a FIFO named model.onnx fails that version at
+ *    once instead of stalling the loader).
  *  - Without signature.json the signature is the graph's inputs (initializers excluded) and outputs under their
  *    ONNX names, in graph order.
  */
@@ -32,8 +35,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../engine/bundle.h"
+#include "../engine/ir/file-io.h"
 #include "codec.h"
 
 #define SIG_MAX_BYTES ((size_t)1 << 20)
@@ -90,41 +95,48 @@ srv_code srv_bundle_scan(const char *model, const char *base, srv_bundle_ver **o
     return SRV_OK;
 }
 
-int srv_bundle_read_file(const char *path, size_t max, char **buf, size_t *len) {
+srv_code srv_bundle_open(const char *vdir, const char *path, int *fd, uint64_t *size, char *why, size_t why_cap) {
+    eng_status st = eng_file_open_regular(path, vdir, fd, size);
+    if (st == ENG_STATUS_OK) return SRV_OK;
+    snprintf(why, why_cap, "%s", eng_last_error());
+    return st == ENG_STATUS_NOT_FOUND ? SRV_NOT_FOUND : SRV_INVALID_ARGUMENT;
+}
+
+srv_code srv_bundle_read(const char *vdir, const char *path, size_t max, char **buf, size_t *len, char *why,
+                         size_t why_cap) {
     *buf = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        errno = EINVAL;
-        return -1;
+    int fd;
+    uint64_t size;
+    srv_code c = srv_bundle_open(vdir, path, &fd, &size, why, why_cap);
+    if (c != SRV_OK) return c;
+    char *b = NULL;
+    if (size > max) {
+        snprintf(why, why_cap, "'%s' is %llu bytes, more than the limit of %zu", path, (unsigned long long)size, max);
+        c = SRV_INVALID_ARGUMENT;
+    } else if (!(b = malloc((size_t)size + 1))) {
+        snprintf(why, why_cap, "'%s': out of memory reading %llu bytes", path, (unsigned long long)size);
+        c = SRV_RESOURCE_EXHAUSTED;
     }
-    if ((uint64_t)sb.st_size > max) {
-        fclose(f);
-        errno = EFBIG;
-        return -1;
+    size_t got = 0;
+    while (c == SRV_OK && got < (size_t)size) {
+        ssize_t r = read(fd, b + got, (size_t)size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            snprintf(why, why_cap, "'%s': read failed at byte %zu: %s", path, got, r == 0 ? "file shrank" : strerror(errno));
+            c = SRV_INVALID_ARGUMENT;
+        }
+        got += r > 0 ? (size_t)r : 0;
     }
-    size_t n = (size_t)sb.st_size;
-    char *b = malloc(n + 1);
-    if (!b) {
-        fclose(f);
-        errno = ENOMEM;
-        return -1;
-    }
-    size_t got = n ? fread(b, 1, n, f) : 0;
-    int rerr = ferror(f);
-    fclose(f);
-    if (rerr || got != n) {
+    close(fd);
+    if (c != SRV_OK) {
         free(b);
-        errno = EIO;
-        return -1;
+        return c;
     }
-    b[n] = 0;
+    b[got] = 0;
     *buf = b;
-    *len = n;
-    return 0;
+    *len = got;
+    return SRV_OK;
 }
 
 /* ---- signature.json ---- */
@@ -262,10 +274,11 @@ static srv_code read_labels_file(const char *model, int64_t version, const char 
     char path[4096];
     if (snprintf(path, sizeof path, "%s/%s", vdir, name) >= (int)sizeof path)
         return SIGERR(SRV_INVALID_ARGUMENT, "labels_file path too long");
-    char *buf;
+    char *buf, why[SRV_ERR_MAX];
     size_t len;
-    if (srv_bundle_read_file(path, LABELS_MAX_BYTES, &buf, &len) != 0)
-        return SIGERR(SRV_INVALID_ARGUMENT, "cannot read labels_file '%s': %s", path, strerror(errno));
+    srv_code rc = srv_bundle_read(vdir, path, LABELS_MAX_BYTES, &buf, &len, why, sizeof why);
+    if (rc != SRV_OK)
+        return SIGERR(rc == SRV_RESOURCE_EXHAUSTED ? rc : SRV_INVALID_ARGUMENT, "cannot read labels_file '%s': %s", name, why);
     const char *p = buf, *end = buf + len;
     srv_code c = SRV_OK;
     while (p < end && c == SRV_OK) {
@@ -302,12 +315,11 @@ srv_code srv_bundle_sig_read(const char *model, int64_t version, const char *vdi
     char file[4096];
     if (snprintf(file, sizeof file, "%s/signature.json", vdir) >= (int)sizeof file)
         return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s' version %lld: path too long", model, (long long)version);
-    char *buf;
+    char *buf, why[SRV_ERR_MAX];
     size_t len;
-    if (srv_bundle_read_file(file, SIG_MAX_BYTES, &buf, &len) != 0) {
-        if (errno == ENOENT) return SRV_OK;
-        return SIGERR(SRV_INVALID_ARGUMENT, "cannot read: %s", strerror(errno));
-    }
+    srv_code rc = srv_bundle_read(vdir, file, SIG_MAX_BYTES, &buf, &len, why, sizeof why);
+    if (rc == SRV_NOT_FOUND) return SRV_OK;
+    if (rc != SRV_OK) return SIGERR(rc == SRV_RESOURCE_EXHAUSTED ? rc : SRV_INVALID_ARGUMENT, "cannot read: %s", why);
     srv_code c = SRV_OK;
     cJSON *root = NULL;
     if (!srv_json_depth_ok(buf, len, SRV_JSON_MAX_DEPTH))

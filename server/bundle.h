@@ -58,8 +58,17 @@ srv_code srv_bundle_sig_resolve(const char *model, int64_t version, const char *
                                 srv_bundle_sig *sig, srv_error *err);
 void srv_bundle_sig_free(srv_bundle_sig *sig);
 
-/* Read a whole regular file of at most max bytes (NUL-terminated, malloc'd). -1 with errno on failure
- * (ENOENT when absent, EFBIG when larger than max). */
-int srv_bundle_read_file(const char *path, size_t max, char **buf, size_t *len);
+/* The one opener for every file a load reads from a version directory (model.onnx, signature.json, the
+ * labels_file, assets.extra/warmup.jsonl; external data goes through the same engine opener): path must
+ * resolve (symlinks followed) inside vdir and be a regular file, and is opened O_RDONLY|O_NONBLOCK|O_CLOEXEC
+ * (eng_file_open_regular), so no FIFO, device or escaping symlink in a version directory can make a load block
+ * or read outside it. SRV_OK with *fd (close() it) and *size; SRV_NOT_FOUND when absent; otherwise
+ * SRV_INVALID_ARGUMENT. why (why_cap bytes) gets the reason, naming the path and what it is
+ * ("'<path>' is a FIFO, not a regular file"). */
+srv_code srv_bundle_open(const char *vdir, const char *path, int *fd, uint64_t *size, char *why, size_t why_cap);
+/* A whole file of at most max bytes through srv_bundle_open (NUL-terminated, malloc'd); codes and why as there
+ * (a larger file is INVALID_ARGUMENT). */
+srv_code srv_bundle_read(const char *vdir, const char *path, size_t max, char **buf, size_t *len, char *why,
+                         size_t why_cap);
 
 #endif

@@ -53,6 +53,7 @@ void srv_kserve_req_free(srv_kserve_req *r) {
     for (int i = 0; i < r->noutputs; i++) free(r->outputs[i]);
     free(r->outputs);
     free(r->output_binary);
+    free(r->output_class);
     memset(r, 0, sizeof *r);
 }
 
@@ -96,10 +97,9 @@ static srv_code srv_kserve_fill(const cJSON *v, int depth, eng_dtype dt, void *d
 
 /* Integral JSON number in [0, 2^62]; -1 otherwise. */
 static int64_t srv_kserve_uint(const cJSON *v) {
-    if (!cJSON_IsNumber(v)) return -1;
-    double d = v->valuedouble;
-    if (!(d >= 0) || d > 4611686018427387904.0 || d != floor(d)) return -1;
-    return (int64_t)d;
+    int64_t i; /* exact, from the number's text where a double could round it */
+    if (!srv_json_int64(v, &i) || i < 0 || i > ((int64_t)1 << 62)) return -1;
+    return i;
 }
 
 /* One entry of "inputs". *cursor walks the binary section. */
@@ -202,7 +202,9 @@ static srv_code srv_kserve_outputs(const cJSON *jo, const srv_version_info *info
     if (n > 4096) return srv_err(err, SRV_INVALID_ARGUMENT, "too many requested outputs");
     req->outputs = calloc((size_t)n, sizeof *req->outputs);
     req->output_binary = calloc((size_t)n, sizeof *req->output_binary);
-    if (!req->outputs || !req->output_binary) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    req->output_class = calloc((size_t)n, sizeof *req->output_class);
+    if (!req->outputs || !req->output_binary || !req->output_class)
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     for (const cJSON *e = jo->child; e; e = e->next) {
         const cJSON *jn = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "name") : NULL;
         if (!cJSON_IsString(jn)) return srv_err(err, SRV_INVALID_ARGUMENT, "a requested output has no 'name'");
@@ -217,6 +219,11 @@ static srv_code srv_kserve_outputs(const cJSON *jo, const srv_version_info *info
                 return srv_err(err, SRV_INVALID_ARGUMENT, "output '%s' is requested twice", jn->valuestring);
         const cJSON *jp = cJSON_GetObjectItemCaseSensitive(e, "parameters");
         const cJSON *jb = cJSON_IsObject(jp) ? cJSON_GetObjectItemCaseSensitive(jp, "binary_data") : NULL;
+        const cJSON *jc = cJSON_IsObject(jp) ? cJSON_GetObjectItemCaseSensitive(jp, "classification") : NULL;
+        if (jc && (req->output_class[req->noutputs] = srv_kserve_uint(jc)) < 0)
+            return srv_err(err, SRV_INVALID_ARGUMENT,
+                           "output '%s': parameters.classification must be a non-negative integer (the class count)",
+                           jn->valuestring);
         if (!(req->outputs[req->noutputs] = strdup(jn->valuestring)))
             return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
         req->output_binary[req->noutputs++] = cJSON_IsTrue(jb);
@@ -430,13 +437,129 @@ srv_code srv_kserve_decode_infer(const char *body, size_t len, size_t json_len, 
     return rc;
 }
 
+/* ---- Triton's classification extension and batch dimension ---- */
+
+int64_t srv_kserve_max_batch(const srv_version_info *info, const srv_batch_opts *batching) {
+    if (batching) return batching->max_batch_size > 0 ? batching->max_batch_size : 1;
+    if (!info || info->ninputs < 1) return 0;
+    for (int i = 0; i < info->ninputs; i++)
+        if (info->inputs[i].ndim < 1 || info->inputs[i].dims[0] >= 0) return 0;
+    for (int i = 0; i < info->noutputs; i++)
+        if (info->outputs[i].ndim < 1 || info->outputs[i].dims[0] >= 0) return 0;
+    return SRV_KSERVE_AUTO_MAX_BATCH;
+}
+
+typedef struct srv_kclass_ent {
+    double v;
+    int64_t i;
+} srv_kclass_ent;
+
+static int srv_kclass_cmp(const void *pa, const void *pb) { /* descending value, NaN last, ties: lower index */
+    const srv_kclass_ent *a = pa, *b = pb;
+    int na = isnan(a->v), nb = isnan(b->v);
+    if (na != nb) return na - nb;
+    if (!na && a->v != b->v) return a->v > b->v ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/* Element i of t as Triton prints a class value (C++ std::to_string: "%f" for floats, decimal for integers). */
+static int srv_kclass_value(char *buf, size_t n, const eng_tensor *t, int64_t i) {
+    const void *d = t->data;
+    switch (t->dtype) {
+    case ENG_DTYPE_F32: return snprintf(buf, n, "%f", (double)((const float *)d)[i]);
+    case ENG_DTYPE_F64: return snprintf(buf, n, "%f", ((const double *)d)[i]);
+    case ENG_DTYPE_F16: return snprintf(buf, n, "%f", (double)eng_f16_to_f32(((const uint16_t *)d)[i]));
+    case ENG_DTYPE_BF16: return snprintf(buf, n, "%f", (double)eng_bf16_to_f32(((const uint16_t *)d)[i]));
+    case ENG_DTYPE_U8: return snprintf(buf, n, "%u", (unsigned)((const uint8_t *)d)[i]);
+    case ENG_DTYPE_U16: return snprintf(buf, n, "%u", (unsigned)((const uint16_t *)d)[i]);
+    case ENG_DTYPE_U32: return snprintf(buf, n, "%lu", (unsigned long)((const uint32_t *)d)[i]);
+    case ENG_DTYPE_U64: return snprintf(buf, n, "%llu", (unsigned long long)((const uint64_t *)d)[i]);
+    default: return snprintf(buf, n, "%lld", (long long)eng_tensor_get_i64(t, i)); /* signed integers */
+    }
+}
+
+/* Classify output t: the min(k, classes) largest values of each row (dim 0 when batch_first, else the whole
+ * tensor is one row), descending, each as "value:index[:label]" (label from info->labels when it has one for
+ * that index). Appends Triton's BYTES serialization (per entry a 4-byte little-endian length, then the bytes) to
+ * ser; *rows is the row count (-1: no batch dimension) and *kout the entries per row. Cost O(rows x classes x
+ * log classes); nothing allocated beyond one row's sort buffer and the output. */
+static srv_code srv_kclass(const srv_version_info *info, const char *name, const eng_tensor *t, int64_t k,
+                           int batch_first, srv_buf *ser, int64_t *rows, int64_t *kout, srv_error *err) {
+    if (!(eng_dtype_is_float(t->dtype) || eng_dtype_is_int(t->dtype)) || !t->data)
+        return srv_err(err, SRV_INVALID_ARGUMENT,
+                       "class result not available for output '%s' due to unsupported type '%s'", name,
+                       srv_kserve_dtype(t->dtype));
+    int64_t numel = eng_tensor_numel(t), nrows = batch_first && t->ndim >= 1 ? t->dims[0] : -1;
+    int64_t per = nrows >= 0 ? (nrows ? numel / nrows : 0) : numel;
+    int64_t kk = k < per ? k : per;
+    *rows = nrows;
+    *kout = kk;
+    srv_kclass_ent *e = per > 0 ? malloc((size_t)per * sizeof *e) : NULL;
+    if (per > 0 && !e) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "output '%s': out of memory classifying", name);
+    char val[400], idx[32];
+    for (int64_t r = 0; r < (nrows >= 0 ? nrows : 1) && !ser->oom; r++) {
+        for (int64_t j = 0; j < per; j++) e[j] = (srv_kclass_ent){eng_tensor_get_f64(t, r * per + j), j};
+        qsort(e, (size_t)per, sizeof *e, srv_kclass_cmp);
+        for (int64_t j = 0; j < kk; j++) {
+            int vn = srv_kclass_value(val, sizeof val, t, r * per + e[j].i);
+            if (vn < 0 || (size_t)vn >= sizeof val) vn = vn < 0 ? 0 : (int)sizeof val - 1;
+            int in = snprintf(idx, sizeof idx, ":%lld", (long long)e[j].i);
+            const char *lab = info && info->labels && e[j].i < info->nlabels ? info->labels[e[j].i] : NULL;
+            size_t ln = lab ? strlen(lab) + 1 : 0;
+            uint32_t total = (uint32_t)((size_t)vn + (size_t)in + ln);
+            unsigned char le[4] = {(unsigned char)total, (unsigned char)(total >> 8), (unsigned char)(total >> 16),
+                                   (unsigned char)(total >> 24)};
+            srv_buf_put(ser, le, 4);
+            srv_buf_put(ser, val, (size_t)vn);
+            srv_buf_put(ser, idx, (size_t)in);
+            if (lab) {
+                srv_buf_put(ser, ":", 1);
+                srv_buf_put(ser, lab, ln - 1);
+            }
+        }
+    }
+    free(e);
+    if (ser->oom) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "output '%s': out of memory classifying", name);
+    return SRV_OK;
+}
+
+/* The output object of a classified output: BYTES, shape [rows, k] (or [k]), its strings as JSON data or, when
+ * bin, as binary_data_size of the serialization appended after the JSON header. */
+static void srv_kclass_json(srv_buf *b, const char *name, const srv_buf *ser, int64_t rows, int64_t k, int bin) {
+    srv_buf_puts(b, "{\"name\":");
+    srv_buf_json_str(b, name);
+    if (rows >= 0) srv_buf_printf(b, ",\"datatype\":\"BYTES\",\"shape\":[%lld,%lld]", (long long)rows, (long long)k);
+    else srv_buf_printf(b, ",\"datatype\":\"BYTES\",\"shape\":[%lld]", (long long)k);
+    if (bin) {
+        srv_buf_printf(b, ",\"parameters\":{\"binary_data_size\":%zu}}", ser->len);
+        return;
+    }
+    srv_buf_puts(b, ",\"data\":[");
+    srv_buf s = {0};
+    for (size_t off = 0; off + 4 <= ser->len && !b->oom;) {
+        const unsigned char *p = (const unsigned char *)ser->p + off;
+        size_t n = (size_t)p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
+        s.len = 0;
+        srv_buf_put(&s, p + 4, n);
+        srv_buf_put(&s, "", 1); /* NUL-terminated for srv_buf_json_str (entries hold no NUL) */
+        if (off) srv_buf_puts(b, ",");
+        srv_buf_json_str(b, s.oom ? "" : s.p);
+        if (s.oom) b->oom = 1;
+        off += 4 + n;
+    }
+    srv_buf_free(&s);
+    srv_buf_puts(b, "]}");
+}
+
 char *srv_kserve_encode_infer(const srv_version_info *info, const srv_tensors *out, const srv_kserve_req *req,
                               size_t *len, size_t *json_len, srv_error *err) {
     int nsel = req && req->noutputs > 0 ? req->noutputs : out->n;
     int *sel = calloc((size_t)nsel + 1, sizeof *sel), *bin = calloc((size_t)nsel + 1, sizeof *bin);
-    srv_buf b = {0};
+    srv_buf b = {0}, *cls = calloc((size_t)nsel + 1, sizeof *cls); /* classification outputs, serialized */
+    int64_t *crows = calloc((size_t)nsel + 1, sizeof *crows), *ck = calloc((size_t)nsel + 1, sizeof *ck);
+    int *iscls = calloc((size_t)nsel + 1, sizeof *iscls);
     char *res = NULL;
-    if (!sel || !bin) {
+    if (!sel || !bin || !cls || !crows || !ck || !iscls) {
         srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
         goto done;
     }
@@ -447,7 +570,12 @@ char *srv_kserve_encode_infer(const srv_version_info *info, const srv_tensors *o
             goto done;
         }
         bin[i] = (req && req->binary_output_all) || (req && req->noutputs > 0 && req->output_binary[i]);
-        if (bin[i] && eng_dtype_size(out->t[sel[i]].dtype) == 0) bin[i] = 0;
+        int64_t k = req && req->noutputs > 0 && req->output_class ? req->output_class[i] : 0;
+        iscls[i] = k > 0;
+        if (iscls[i] && srv_kclass(info, out->names[sel[i]], &out->t[sel[i]], k, req->batch_first, &cls[i],
+                                   &crows[i], &ck[i], err) != SRV_OK)
+            goto done;
+        if (bin[i] && !iscls[i] && eng_dtype_size(out->t[sel[i]].dtype) == 0) bin[i] = 0;
     }
     srv_buf_puts(&b, "{");
     if (req && req->id) {
@@ -461,6 +589,10 @@ char *srv_kserve_encode_infer(const srv_version_info *info, const srv_tensors *o
     for (int i = 0; i < nsel && !b.oom; i++) {
         const eng_tensor *t = &out->t[sel[i]];
         if (i) srv_buf_puts(&b, ",");
+        if (iscls[i]) {
+            srv_kclass_json(&b, out->names[sel[i]], &cls[i], crows[i], ck[i], bin[i]);
+            continue;
+        }
         srv_buf_puts(&b, "{\"name\":");
         srv_buf_json_str(&b, out->names[sel[i]]);
         srv_buf_printf(&b, ",\"datatype\":\"%s\",\"shape\":[", srv_kserve_dtype(t->dtype));
@@ -481,12 +613,18 @@ char *srv_kserve_encode_infer(const srv_version_info *info, const srv_tensors *o
     srv_buf_puts(&b, "]}");
     size_t hl = b.len;
     for (int i = 0; i < nsel && !b.oom; i++)
-        if (bin[i]) srv_buf_put(&b, out->t[sel[i]].data, eng_tensor_nbytes(&out->t[sel[i]]));
+        if (bin[i] && iscls[i]) srv_buf_put(&b, cls[i].p, cls[i].len);
+        else if (bin[i]) srv_buf_put(&b, out->t[sel[i]].data, eng_tensor_nbytes(&out->t[sel[i]]));
     res = srv_buf_take(&b, len);
     if (!res) srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory encoding the reply");
     else if (json_len) *json_len = hl;
 done:
     srv_buf_free(&b);
+    for (int i = 0; cls && i < nsel; i++) srv_buf_free(&cls[i]);
+    free(cls);
+    free(crows);
+    free(ck);
+    free(iscls);
     free(sel);
     free(bin);
     return res;

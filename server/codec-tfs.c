@@ -249,12 +249,17 @@ static int srv_io_find(const srv_version_info *info, const char *name) {
     return -1;
 }
 
-static srv_code srv_unknown_input(const srv_version_info *info, const char *name, srv_error *err) {
-    char list[512];
+/* "'a', 'b'": the signature's input names, cut to fit. */
+static void srv_io_names(const srv_version_info *info, char *list, size_t cap) {
     size_t k = 0;
     list[0] = '\0';
-    for (int i = 0; i < info->ninputs && k < sizeof list; i++)
-        k += (size_t)snprintf(list + k, sizeof list - k, "%s'%s'", i ? ", " : "", info->inputs[i].name);
+    for (int i = 0; i < info->ninputs && k < cap; i++)
+        k += (size_t)snprintf(list + k, cap - k, "%s'%s'", i ? ", " : "", info->inputs[i].name);
+}
+
+static srv_code srv_unknown_input(const srv_version_info *info, const char *name, srv_error *err) {
+    char list[512];
+    srv_io_names(info, list, sizeof list);
     return srv_err(err, SRV_INVALID_ARGUMENT, "unknown input '%.200s' for model '%s' (inputs: %s)", name,
                    info->model ? info->model : "", list);
 }
@@ -273,7 +278,13 @@ static srv_code srv_tfs_signature(const cJSON *root, srv_error *err) {
 static srv_code srv_tfs_rows(const cJSON *inst, const srv_version_info *info, srv_tensors *in, srv_error *err) {
     if (!cJSON_IsArray(inst)) return srv_err(err, SRV_INVALID_ARGUMENT, "'instances' must be a list");
     int64_t n = cJSON_GetArraySize(inst);
-    if (n == 0) return srv_err(err, SRV_INVALID_ARGUMENT, "'instances' is empty");
+    if (n == 0) {
+        char list[512];
+        srv_io_names(info, list, sizeof list);
+        return srv_err(err, SRV_INVALID_ARGUMENT,
+                       "'instances' is empty: an empty batch is not served, send at least one instance (inputs of "
+                       "model '%s': %s)", info->model ? info->model : "", list);
+    }
     const cJSON *first = inst->child;
     int named = cJSON_IsObject(first) && !srv_json_is_b64(first);
     if (!named && info->ninputs != 1)
@@ -422,7 +433,7 @@ srv_code srv_tfs_decode_predict(const char *body, size_t len, const srv_version_
                                 srv_tfs_format *fmt, srv_error *err) {
     if (srv_tfs_fast_predict(body, len, info, in, fmt)) return SRV_OK;
     cJSON *root = srv_json_parse(body, len, err);
-    if (!root) return SRV_INVALID_ARGUMENT;
+    if (!root) return err ? err->code : SRV_INVALID_ARGUMENT;
     srv_code rc;
     const cJSON *inst = cJSON_GetObjectItemCaseSensitive(root, "instances");
     const cJSON *cols = cJSON_GetObjectItemCaseSensitive(root, "inputs");
@@ -458,7 +469,7 @@ static const cJSON *srv_tfs_feature(const cJSON *e, const cJSON *ctx, const srv_
 srv_code srv_tfs_decode_examples(const char *body, size_t len, const srv_version_info *info, srv_tensors *in,
                                  srv_error *err) {
     cJSON *root = srv_json_parse(body, len, err);
-    if (!root) return SRV_INVALID_ARGUMENT;
+    if (!root) return err ? err->code : SRV_INVALID_ARGUMENT;
     srv_code rc = SRV_OK;
     const cJSON *ex = cJSON_GetObjectItemCaseSensitive(root, "examples");
     const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(root, "context");
@@ -468,7 +479,13 @@ srv_code srv_tfs_decode_examples(const char *body, size_t len, const srv_version
     else if ((rc = srv_tfs_signature(root, err)) != SRV_OK) ;
     else if (info->ninputs <= 0) rc = srv_err(err, SRV_FAILED_PRECONDITION, "the model has no inputs");
     else if (!cJSON_IsArray(ex)) rc = srv_err(err, SRV_INVALID_ARGUMENT, "'examples' must be a list");
-    else if ((n = cJSON_GetArraySize(ex)) == 0) rc = srv_err(err, SRV_INVALID_ARGUMENT, "'examples' is empty");
+    else if ((n = cJSON_GetArraySize(ex)) == 0) {
+        char list[512];
+        srv_io_names(info, list, sizeof list);
+        rc = srv_err(err, SRV_INVALID_ARGUMENT,
+                     "'examples' is empty: an empty batch is not served, send at least one example (inputs of "
+                     "model '%s': %s)", info->model ? info->model : "", list);
+    }
     else if (ctx && !cJSON_IsNull(ctx) && !cJSON_IsObject(ctx))
         rc = srv_err(err, SRV_INVALID_ARGUMENT, "'context' must be an object");
     if (ctx && !cJSON_IsObject(ctx)) ctx = NULL;

@@ -4,6 +4,11 @@
  * and every recursive walk re-checks depth; element counts times dtype sizes use checked arithmetic; a
  * tensor's declared or implied shape must match the number of values given. Errors are INVALID_ARGUMENT
  * with a message naming the input, expected vs got.
+ *
+ * Numbers (json.h, srv_json_store): integers are converted exactly within each dtype's range, non-finite
+ * parses (1e400) and float overflows (1e39 for FP32) are refused, and float inputs accept the strings "NaN",
+ * "Infinity", "-Infinity". Replies write non-finite floats as those strings, so every reply is strict JSON
+ * (TF Serving and v2 alike). The decoders accept zero-sized tensors; serving refuses them (version.c).
  */
 #ifndef SRV_CODEC_H
 #define SRV_CODEC_H
@@ -44,6 +49,9 @@ typedef struct srv_kserve_req {
     int noutputs;             /* requested outputs; 0 = all */
     char **outputs;
     int *output_binary;       /* per requested output: parameters.binary_data */
+    int64_t *output_class;    /* per requested output: parameters.classification (top k), 0 = the raw tensor */
+    int batch_first;          /* set by the caller before encoding: outputs have a batch dimension (Triton's
+                               * max_batch_size > 0), so classification is per row of dim 0 */
 } srv_kserve_req;
 void srv_kserve_req_free(srv_kserve_req *r);
 
@@ -52,9 +60,16 @@ void srv_kserve_req_free(srv_kserve_req *r);
 srv_code srv_kserve_decode_infer(const char *body, size_t len, size_t json_len, const srv_version_info *info,
                                  srv_tensors *in, srv_kserve_req *req, srv_error *err);
 /* Reply body; *json_len < *len when binary outputs follow the JSON header (caller sets
- * Inference-Header-Content-Length to *json_len). */
+ * Inference-Header-Content-Length to *json_len). An output requested with parameters.classification = k comes
+ * back as Triton's classification extension has it: BYTES "value:index[:label]" entries, shape [rows, k] or [k]
+ * (req->batch_first), in JSON or as length-prefixed binary data. */
 char *srv_kserve_encode_infer(const srv_version_info *info, const srv_tensors *out, const srv_kserve_req *req,
                               size_t *len, size_t *json_len, srv_error *err);
+/* Triton's max_batch_size of a version: batching's max_batch_size when batching is on; else, as Triton's ONNX
+ * auto-complete says, SRV_KSERVE_AUTO_MAX_BATCH when dim 0 of every input and output is dynamic; else 0 (no
+ * batch dimension). A classified output of a model with max_batch_size > 0 is classified per row. */
+#define SRV_KSERVE_AUTO_MAX_BATCH 4
+int64_t srv_kserve_max_batch(const srv_version_info *info, const srv_batch_opts *batching);
 /* "FP32", "INT64", "BOOL", "BYTES", ... and back (UNDEFINED if unknown). */
 const char *srv_kserve_dtype(eng_dtype dt);
 eng_dtype srv_kserve_dtype_parse(const char *s);

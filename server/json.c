@@ -3,10 +3,14 @@
  *
  * srv_json_depth_ok is a single linear pass that never recurses, so it is safe on any input; every body
  * goes through it before cJSON sees it, which bounds the depth of every later recursive walk.
+ *
+ * Numbers: cJSON keeps only a double, which cannot hold every int64 (2^63-1 reads as 2^63) and turns 1e400
+ * into infinity. srv_json_parse therefore hands the text of each number that a double may misstate to its
+ * node (see json.h), and every conversion into a dtype judges integers on that exact text and refuses
+ * non-finite parses; the fast list reader does the same from its own exact mantissa and exponent.
  */
 #include "json.h"
 
-#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,6 +37,114 @@ int srv_json_depth_ok(const char *body, size_t len, int max_depth) {
     return 1;
 }
 
+/* ---- number texts for cJSON nodes ---- */
+
+static int srv_num_char(char c) {
+    return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+/* Can the double of a number token mislead? Not for a token of at most 15 characters without an exponent: it
+ * has at most 15 significant digits and a magnitude below 10^15 < 2^50, so its double is exact when it is an
+ * integer and never integral when it is not (10^(int digits + fraction digits) < 2^52). */
+static int srv_num_text_wanted(const char *s, size_t n) {
+    if (n > 15) return 1;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == 'e' || s[i] == 'E') return 1;
+    return 0;
+}
+
+static int srv_text_int(const char *s, size_t n, int *neg, uint64_t *mag);
+static int srv_double_int(double d, int *neg, uint64_t *mag);
+enum { SRV_JINT_FRACTION = 0, SRV_JINT_OK = 1, SRV_JINT_HUGE = 2 };
+
+/* Does number token s (parsed by cJSON as d) need its text on the node? When the double would judge it as an
+ * integer differently from its exact value (2^63-1 reads as 2^63; 1e-400 as the integer 0), and for every
+ * integer past 2^53 or beyond 64 bits (1e19, 1e400, 1e39, 400 digits), which an error message then quotes as
+ * written. Most floats ("0.1234...") are fractions both ways and keep no text, so a body of them costs no
+ * allocation here. */
+static int srv_num_needs_text(const char *s, size_t n, double d) {
+    if (!srv_num_text_wanted(s, n)) return 0;
+    int ne, nd;
+    uint64_t me, md;
+    int re = srv_text_int(s, n, &ne, &me);
+    if (re == SRV_JINT_HUGE || (re == SRV_JINT_OK && me > (1ull << 53))) return 1;
+    return re != srv_double_int(d, &nd, &md) || (re == SRV_JINT_OK && me != md);
+}
+
+/* The next number token at or after body[*pos], outside strings (skipped as srv_json_depth_ok does): a number
+ * is the only token that starts with '-' or a digit, and in a document cJSON accepted it is one maximal run of
+ * number characters. 1 with its bounds and *pos past it; 0 at the end. */
+static int srv_json_next_num(const char *body, size_t len, size_t *pos, const char **s, size_t *n) {
+    for (size_t i = *pos; i < len; i++) {
+        char c = body[i];
+        if (c == '"') {
+            for (i++; i < len && body[i] != '"'; i++)
+                if (body[i] == '\\') i++;
+            continue;
+        }
+        if (c != '-' && !(c >= '0' && c <= '9')) continue;
+        size_t st = i;
+        while (i < len && srv_num_char(body[i])) i++;
+        *s = body + st;
+        *n = i - st;
+        *pos = i;
+        return 1;
+    }
+    *pos = len;
+    return 0;
+}
+
+/* Walk root's number nodes in document order (cJSON keeps members and elements in text order) alongside the
+ * number tokens of body, giving the nodes that need it (srv_num_needs_text) a copy of their text; with body
+ * NULL, free every kept text instead. Returns 0; 1 when nodes and tokens do not pair up one to one (then no
+ * text may be trusted: the caller clears them); -1 on OOM. Iterative: an explicit stack bounded by the depth
+ * check. */
+static int srv_json_number_walk(cJSON *root, const char *body, size_t len) {
+    cJSON *stack[2 * SRV_JSON_MAX_DEPTH + 2];
+    int sp = 0;
+    size_t pos = 0;
+    cJSON *n = root;
+    for (;;) {
+        if (cJSON_IsNumber(n)) {
+            const char *s;
+            size_t tn;
+            if (!body) {
+                free(n->valuestring);
+                n->valuestring = NULL;
+            } else if (!srv_json_next_num(body, len, &pos, &s, &tn)) {
+                return 1;
+            } else if (srv_num_needs_text(s, tn, n->valuedouble) && !n->valuestring) {
+                if (!(n->valuestring = strndup(s, tn))) return -1;
+            }
+        }
+        if ((cJSON_IsArray(n) || cJSON_IsObject(n)) && n->child) {
+            if (sp >= (int)(sizeof stack / sizeof *stack)) return 1;
+            stack[sp++] = n;
+            n = n->child;
+            continue;
+        }
+        for (;;) {
+            if (sp == 0) {
+                const char *s;
+                size_t tn;
+                return body && srv_json_next_num(body, len, &pos, &s, &tn) ? 1 : 0; /* tokens left over */
+            }
+            if (n->next) {
+                n = n->next;
+                break;
+            }
+            n = stack[--sp];
+        }
+    }
+}
+
+/* Give the number nodes of root (parsed from body) whose double may mislead their text. 0, or -1 on OOM. */
+static int srv_json_attach_texts(cJSON *root, const char *body, size_t len) {
+    int rc = srv_json_number_walk(root, body, len);
+    if (rc != 0) srv_json_number_walk(root, NULL, 0);
+    return rc < 0 ? -1 : 0;
+}
+
 cJSON *srv_json_parse(const char *body, size_t len, srv_error *err) {
     if (!body || len == 0) {
         srv_err(err, SRV_INVALID_ARGUMENT, "empty request body");
@@ -57,6 +169,11 @@ cJSON *srv_json_parse(const char *body, size_t len, srv_error *err) {
             cJSON_Delete(j);
             return NULL;
         }
+    }
+    if (srv_json_attach_texts(j, body, len) != 0) {
+        srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory reading the numbers of the request");
+        cJSON_Delete(j);
+        return NULL;
     }
     return j;
 }
@@ -258,10 +375,11 @@ static int srv_f32_fmt(float f, char *s) {
     return 0; /* not reached */
 }
 
-/* Shortest %g form that reads back to the same value (at most 9 / 17 significant digits). */
+/* Shortest %g form that reads back to the same value (at most 9 / 17 significant digits); non-finite values as
+ * the strings TF Serving's clients read back ("NaN", "Infinity", "-Infinity"). */
 static void srv_buf_float(srv_buf *b, double v, int is_f32) {
-    if (isnan(v)) { srv_buf_puts(b, "NaN"); return; }
-    if (isinf(v)) { srv_buf_puts(b, v < 0 ? "-Infinity" : "Infinity"); return; }
+    if (isnan(v)) { srv_buf_puts(b, "\"NaN\""); return; }
+    if (isinf(v)) { srv_buf_puts(b, v < 0 ? "\"-Infinity\"" : "\"Infinity\""); return; }
     char s[64];
     if (is_f32) {
         srv_buf_put(b, s, (size_t)srv_f32_fmt((float)v, s));
@@ -398,6 +516,125 @@ char *srv_b64_encode(const void *in, size_t n, size_t *outlen) {
     return s;
 }
 
+/* ---- exact integers ---- */
+
+static const uint64_t srv_p10u[20] = {1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull,
+                                      100000000ull, 1000000000ull, 10000000000ull, 100000000000ull,
+                                      1000000000000ull, 10000000000000ull, 100000000000000ull,
+                                      1000000000000000ull, 10000000000000000ull, 100000000000000000ull,
+                                      1000000000000000000ull, 10000000000000000000ull};
+
+/* What a number is as an integer (SRV_JINT_*, declared above): OK with sign and magnitude (|v| <= UINT64_MAX),
+ * a fraction, or integral but beyond 64 bits. */
+
+/* The exact integer value of number text s[0..n) (strict JSON syntax, as cJSON accepted it): digit j of the
+ * digits (integer part then fraction) weighs 10^(nint - 1 - j + exp). Linear in n; exponents are clamped at
+ * 10^9, far past any 64-bit value. */
+static int srv_text_int(const char *s, size_t n, int *neg, uint64_t *mag) {
+    const char *p = s, *end = s + n;
+    *neg = 0;
+    *mag = 0;
+    if (p < end && *p == '-') *neg = 1, p++;
+    const char *i0 = p;
+    while (p < end && *p >= '0' && *p <= '9') p++;
+    const char *f0 = p, *f1 = p;
+    int64_t ni = p - i0;
+    if (p < end && *p == '.') {
+        f0 = ++p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        f1 = p;
+    }
+    int64_t nf = f1 - f0, ex = 0;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        int eneg = 0;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) eneg = *p++ == '-';
+        for (; p < end && *p >= '0' && *p <= '9'; p++)
+            if (ex < 1000000000) ex = ex * 10 + (*p - '0');
+        if (eneg) ex = -ex;
+    }
+    int64_t first = -1, last = -1;
+    for (int64_t j = 0; j < ni + nf; j++)
+        if ((j < ni ? i0[j] : f0[j - ni]) != '0') {
+            if (first < 0) first = j;
+            last = j;
+        }
+    if (first < 0) return SRV_JINT_OK; /* zero */
+    if (ni - 1 - last + ex < 0) return SRV_JINT_FRACTION;
+    if (ni - first + ex > 20) return SRV_JINT_HUGE; /* more than 20 digits */
+    uint64_t m = 0;
+    for (int64_t j = first; j <= last; j++) {
+        unsigned d = (unsigned)((j < ni ? i0[j] : f0[j - ni]) - '0');
+        if (m > (UINT64_MAX - d) / 10) return SRV_JINT_HUGE;
+        m = m * 10 + d;
+    }
+    for (int64_t k = ni - 1 - last + ex; k > 0; k--) {
+        if (m > UINT64_MAX / 10) return SRV_JINT_HUGE;
+        m *= 10;
+    }
+    *mag = m;
+    return SRV_JINT_OK;
+}
+
+/* The double d as an integer, the way srv_text_int judges text. */
+static int srv_double_int(double d, int *neg, uint64_t *mag) {
+    *neg = signbit(d) != 0;
+    *mag = 0;
+    if (!isfinite(d)) return SRV_JINT_HUGE;
+    if (d != floor(d)) return SRV_JINT_FRACTION;
+    if (fabs(d) >= 18446744073709551616.0) return SRV_JINT_HUGE;
+    *mag = (uint64_t)fabs(d);
+    return SRV_JINT_OK;
+}
+
+/* The number v as an integer: exactly from its text when srv_json_parse kept it, else from the double, which
+ * judges it the same way then (srv_num_needs_text). */
+static int srv_json_num_int(const cJSON *v, int *neg, uint64_t *mag) {
+    if (v->valuestring) return srv_text_int(v->valuestring, strlen(v->valuestring), neg, mag);
+    return srv_double_int(v->valuedouble, neg, mag);
+}
+
+/* Largest magnitude of a negative (nmax) and of a positive (pmax) value of an integer dtype: exact bounds. */
+static void srv_int_bounds(eng_dtype dt, uint64_t *nmax, uint64_t *pmax) {
+    switch (dt) {
+    case ENG_DTYPE_U8: *nmax = 0, *pmax = UINT8_MAX; break;
+    case ENG_DTYPE_I8: *nmax = 128, *pmax = INT8_MAX; break;
+    case ENG_DTYPE_U16: *nmax = 0, *pmax = UINT16_MAX; break;
+    case ENG_DTYPE_I16: *nmax = 32768, *pmax = INT16_MAX; break;
+    case ENG_DTYPE_U32: *nmax = 0, *pmax = UINT32_MAX; break;
+    case ENG_DTYPE_I32: *nmax = 2147483648ull, *pmax = INT32_MAX; break;
+    case ENG_DTYPE_U64: *nmax = 0, *pmax = UINT64_MAX; break;
+    default: *nmax = 9223372036854775808ull, *pmax = INT64_MAX; break;
+    }
+}
+
+/* Store (-1)^neg * mag as element i of an integer dtype; 0 (nothing stored) when it is out of range. */
+static int srv_int_put(eng_dtype dt, void *dst, size_t i, int neg, uint64_t mag) {
+    uint64_t nmax, pmax;
+    srv_int_bounds(dt, &nmax, &pmax);
+    if (mag > (neg ? nmax : pmax)) return 0;
+    int64_t sv = !neg ? (int64_t)(mag & INT64_MAX) : mag == 9223372036854775808ull ? INT64_MIN : -(int64_t)mag;
+    switch (dt) {
+    case ENG_DTYPE_U8: ((uint8_t *)dst)[i] = (uint8_t)mag; break;
+    case ENG_DTYPE_I8: ((int8_t *)dst)[i] = (int8_t)sv; break;
+    case ENG_DTYPE_U16: ((uint16_t *)dst)[i] = (uint16_t)mag; break;
+    case ENG_DTYPE_I16: ((int16_t *)dst)[i] = (int16_t)sv; break;
+    case ENG_DTYPE_U32: ((uint32_t *)dst)[i] = (uint32_t)mag; break;
+    case ENG_DTYPE_I32: ((int32_t *)dst)[i] = (int32_t)sv; break;
+    case ENG_DTYPE_U64: ((uint64_t *)dst)[i] = mag; break;
+    case ENG_DTYPE_I64: ((int64_t *)dst)[i] = sv; break;
+    default: return 0;
+    }
+    return 1;
+}
+
+int srv_json_int64(const cJSON *v, int64_t *out) {
+    int neg;
+    uint64_t mag;
+    if (!cJSON_IsNumber(v) || srv_json_num_int(v, &neg, &mag) != SRV_JINT_OK) return 0;
+    return srv_int_put(ENG_DTYPE_I64, out, 0, neg, mag);
+}
+
 /* ---- JSON leaf -> element ---- */
 
 static const char *srv_json_kind(const cJSON *v) {
@@ -410,8 +647,74 @@ static const char *srv_json_kind(const cJSON *v) {
     return "an unknown value";
 }
 
+/* The number v as the client wrote it, for messages: its text (long ones cut, with their length), else its
+ * double in 15 digits (the most a kept-textless token has) or 17 where 15 do not read back. */
+static const char *srv_json_num_str(const cJSON *v, char *buf, size_t cap) {
+    const char *s = v->valuestring;
+    if (!s) {
+        snprintf(buf, cap, "%.15g", v->valuedouble);
+        if (strtod(buf, NULL) != v->valuedouble) snprintf(buf, cap, "%.17g", v->valuedouble);
+        return buf;
+    }
+    size_t n = strlen(s);
+    if (n <= 40) snprintf(buf, cap, "%s", s);
+    else snprintf(buf, cap, "%.24s... (%zu characters)", s, n);
+    return buf;
+}
+
+/* Float inputs: a finite number that does not overflow dt, or one of the three strings. */
+static srv_code srv_json_store_float(const cJSON *v, eng_dtype dt, void *dst, int64_t idx, const char *what,
+                                     srv_error *err) {
+    const char *dn = eng_dtype_name(dt);
+    char vs[80];
+    double d;
+    if (cJSON_IsNumber(v)) {
+        d = v->valuedouble;
+        if (!isfinite(d))
+            return srv_err(err, SRV_INVALID_ARGUMENT,
+                           "input '%s': element %lld: value %s is out of range for %s: it overflows even a double "
+                           "(send the string \"Infinity\" or \"-Infinity\" for an infinite value)",
+                           what, (long long)idx, srv_json_num_str(v, vs, sizeof vs), dn);
+    } else if (cJSON_IsString(v) && (!strcmp(v->valuestring, "NaN") || !strcmp(v->valuestring, "Infinity") ||
+                                     !strcmp(v->valuestring, "-Infinity"))) {
+        d = v->valuestring[0] == 'N' ? NAN : v->valuestring[0] == '-' ? -INFINITY : INFINITY;
+    } else {
+        return srv_err(err, SRV_INVALID_ARGUMENT,
+                       "input '%s': element %lld: expected a number (or \"NaN\", \"Infinity\", \"-Infinity\") for %s, "
+                       "got %s",
+                       what, (long long)idx, dn, srv_json_kind(v));
+    }
+    float f = (float)d;
+    uint16_t h = 0;
+    const char *max = NULL; /* set when a finite d overflows dt */
+    switch (dt) {
+    case ENG_DTYPE_F64: ((double *)dst)[idx] = d; return SRV_OK;
+    case ENG_DTYPE_F32:
+        if (isinf(f) && isfinite(d)) max = "3.4028235e+38";
+        else ((float *)dst)[idx] = f;
+        break;
+    case ENG_DTYPE_F16:
+        h = eng_f32_to_f16(f);
+        if ((h & 0x7fff) == 0x7c00 && isfinite(d)) max = "65504";
+        else ((uint16_t *)dst)[idx] = h;
+        break;
+    default:
+        h = eng_f32_to_bf16(f);
+        if ((h & 0x7fff) == 0x7f80 && isfinite(d)) max = "3.3895314e+38";
+        else ((uint16_t *)dst)[idx] = h;
+        break;
+    }
+    if (max)
+        return srv_err(err, SRV_INVALID_ARGUMENT,
+                       "input '%s': element %lld: value %s is out of range for %s: finite as a double, it overflows "
+                       "%s (largest finite magnitude %s)",
+                       what, (long long)idx, srv_json_num_str(v, vs, sizeof vs), dn, dn, max);
+    return SRV_OK;
+}
+
 srv_code srv_json_store(const cJSON *v, eng_dtype dt, void *dst, int64_t idx, const char *what, srv_error *err) {
     const char *dn = eng_dtype_name(dt);
+    char vs[80];
     if (dt == ENG_DTYPE_BOOL) {
         if (!cJSON_IsBool(v))
             return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': element %lld: expected true/false for bool, got %s",
@@ -419,60 +722,26 @@ srv_code srv_json_store(const cJSON *v, eng_dtype dt, void *dst, int64_t idx, co
         ((uint8_t *)dst)[idx] = cJSON_IsTrue(v) ? 1 : 0;
         return SRV_OK;
     }
-    double d;
-    if (cJSON_IsNumber(v)) {
-        d = v->valuedouble;
-    } else if (eng_dtype_is_float(dt) && cJSON_IsString(v) &&
-               (!strcmp(v->valuestring, "NaN") || !strcmp(v->valuestring, "Infinity") ||
-                !strcmp(v->valuestring, "-Infinity"))) {
-        d = v->valuestring[0] == 'N' ? NAN : v->valuestring[0] == '-' ? -INFINITY : INFINITY;
-    } else {
-        return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': element %lld: expected a number for %s, got %s", what,
-                       (long long)idx, dn, srv_json_kind(v));
-    }
-    if (eng_dtype_is_float(dt)) {
-        double lim = dt == ENG_DTYPE_F16 ? 65504.0 : dt == ENG_DTYPE_F64 ? DBL_MAX : FLT_MAX;
-        if (isfinite(d) && fabs(d) > lim)
-            return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': element %lld: value %g is out of range for %s",
-                           what, (long long)idx, d, dn);
-        switch (dt) {
-        case ENG_DTYPE_F32: ((float *)dst)[idx] = (float)d; break;
-        case ENG_DTYPE_F64: ((double *)dst)[idx] = d; break;
-        case ENG_DTYPE_F16: ((uint16_t *)dst)[idx] = eng_f32_to_f16((float)d); break;
-        default: ((uint16_t *)dst)[idx] = eng_f32_to_bf16((float)d); break;
-        }
-        return SRV_OK;
-    }
+    if (eng_dtype_is_float(dt)) return srv_json_store_float(v, dt, dst, idx, what, err);
     if (!eng_dtype_is_int(dt))
         return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': dtype %s cannot be given as JSON", what, dn);
-    if (!isfinite(d) || d != floor(d))
-        return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': element %lld: expected an integer for %s, got %g", what,
-                       (long long)idx, dn, d);
-    double lo, hi; /* inclusive lo, exclusive hi */
-    switch (dt) {
-    case ENG_DTYPE_U8: lo = 0, hi = 256.0; break;
-    case ENG_DTYPE_I8: lo = -128.0, hi = 128.0; break;
-    case ENG_DTYPE_U16: lo = 0, hi = 65536.0; break;
-    case ENG_DTYPE_I16: lo = -32768.0, hi = 32768.0; break;
-    case ENG_DTYPE_U32: lo = 0, hi = 4294967296.0; break;
-    case ENG_DTYPE_I32: lo = -2147483648.0, hi = 2147483648.0; break;
-    case ENG_DTYPE_U64: lo = 0, hi = 18446744073709551616.0; break;
-    default: lo = -9223372036854775808.0, hi = 9223372036854775808.0; break;
-    }
-    if (d < lo || d >= hi)
-        return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': element %lld: value %.17g is out of range for %s", what,
-                       (long long)idx, d, dn);
-    switch (dt) {
-    case ENG_DTYPE_U8: ((uint8_t *)dst)[idx] = (uint8_t)d; break;
-    case ENG_DTYPE_I8: ((int8_t *)dst)[idx] = (int8_t)d; break;
-    case ENG_DTYPE_U16: ((uint16_t *)dst)[idx] = (uint16_t)d; break;
-    case ENG_DTYPE_I16: ((int16_t *)dst)[idx] = (int16_t)d; break;
-    case ENG_DTYPE_U32: ((uint32_t *)dst)[idx] = (uint32_t)d; break;
-    case ENG_DTYPE_I32: ((int32_t *)dst)[idx] = (int32_t)d; break;
-    case ENG_DTYPE_U64: ((uint64_t *)dst)[idx] = (uint64_t)d; break;
-    default: ((int64_t *)dst)[idx] = (int64_t)d; break;
-    }
-    return SRV_OK;
+    if (!cJSON_IsNumber(v))
+        return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': element %lld: expected an integer for %s, got %s", what,
+                       (long long)idx, dn, srv_json_kind(v));
+    int neg;
+    uint64_t mag, nmax, pmax;
+    int r = srv_json_num_int(v, &neg, &mag);
+    if (r == SRV_JINT_FRACTION)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': element %lld: expected an integer for %s, got %s", what,
+                       (long long)idx, dn, srv_json_num_str(v, vs, sizeof vs));
+    if (r == SRV_JINT_OK && srv_int_put(dt, dst, (size_t)idx, neg, mag)) return SRV_OK;
+    srv_int_bounds(dt, &nmax, &pmax);
+    if (r == SRV_JINT_OK && !v->valuestring) /* the exact value, which the double may round in print */
+        snprintf(vs, sizeof vs, "%s%llu", neg && mag ? "-" : "", (unsigned long long)mag);
+    else
+        srv_json_num_str(v, vs, sizeof vs);
+    return srv_err(err, SRV_INVALID_ARGUMENT, "input '%s': element %lld: value %s is out of range for %s [%s%llu, %llu]",
+                   what, (long long)idx, vs, dn, nmax ? "-" : "", (unsigned long long)nmax, (unsigned long long)pmax);
 }
 
 /* ---- fast numeric lists ---- */
@@ -627,40 +896,47 @@ static int srv_jnum_f32(const srv_jnum *n, float *out) {
     return 1;
 }
 
-/* Store d as element i like srv_json_store; 0 if it would refuse it. */
-static int srv_json_fast_store(double d, eng_dtype dt, void *dst, size_t i) {
+/* The exact integer value of n (never through a double): 1 with *mag when n is integral and the 19 significant
+ * digits the reader keeps hold it exactly; 0 otherwise (a fraction, too large, or more digits: the general
+ * path then judges the text). */
+static int srv_jnum_int(const srv_jnum *n, uint64_t *mag) {
+    uint64_t m = n->m;
+    *mag = 0;
+    if (m == 0) return 1;
+    if (n->inexact) return 0;
+    if (n->e10 >= 0) {
+        for (int k = 0; k < n->e10; k++) {
+            if (m > UINT64_MAX / 10) return 0;
+            m *= 10;
+        }
+    } else {
+        if (n->e10 < -19 || m % srv_p10u[-n->e10]) return 0;
+        m /= srv_p10u[-n->e10];
+    }
+    *mag = m;
+    return 1;
+}
+
+/* Store n as element i like srv_json_store; 0 if it would refuse it. */
+static int srv_json_fast_store(const srv_jnum *n, eng_dtype dt, void *dst, size_t i) {
+    uint64_t mag;
     switch (dt) {
-    case ENG_DTYPE_F32:
-        if (!(fabs(d) <= FLT_MAX)) return 0;
-        ((float *)dst)[i] = (float)d;
+    case ENG_DTYPE_F32: {
+        float f = (float)srv_jnum_double(n);
+        if (isinf(f)) return 0; /* overflows float32 (or the double itself) */
+        ((float *)dst)[i] = f;
         return 1;
-    case ENG_DTYPE_F64:
+    }
+    case ENG_DTYPE_F64: {
+        double d = srv_jnum_double(n);
         if (!isfinite(d)) return 0;
         ((double *)dst)[i] = d;
         return 1;
+    }
     default: break;
     }
-    if (!eng_dtype_is_int(dt) || !isfinite(d) || d != floor(d)) return 0;
-    switch (dt) {
-    case ENG_DTYPE_U8: if (d < 0 || d >= 256.0) return 0; ((uint8_t *)dst)[i] = (uint8_t)d; return 1;
-    case ENG_DTYPE_I8: if (d < -128.0 || d >= 128.0) return 0; ((int8_t *)dst)[i] = (int8_t)d; return 1;
-    case ENG_DTYPE_U16: if (d < 0 || d >= 65536.0) return 0; ((uint16_t *)dst)[i] = (uint16_t)d; return 1;
-    case ENG_DTYPE_I16: if (d < -32768.0 || d >= 32768.0) return 0; ((int16_t *)dst)[i] = (int16_t)d; return 1;
-    case ENG_DTYPE_U32: if (d < 0 || d >= 4294967296.0) return 0; ((uint32_t *)dst)[i] = (uint32_t)d; return 1;
-    case ENG_DTYPE_I32:
-        if (d < -2147483648.0 || d >= 2147483648.0) return 0;
-        ((int32_t *)dst)[i] = (int32_t)d;
-        return 1;
-    case ENG_DTYPE_U64:
-        if (d < 0 || d >= 18446744073709551616.0) return 0;
-        ((uint64_t *)dst)[i] = (uint64_t)d;
-        return 1;
-    case ENG_DTYPE_I64:
-        if (d < -9223372036854775808.0 || d >= 9223372036854775808.0) return 0;
-        ((int64_t *)dst)[i] = (int64_t)d;
-        return 1;
-    default: return 0;
-    }
+    if (!eng_dtype_is_int(dt) || !srv_jnum_int(n, &mag)) return 0;
+    return srv_int_put(dt, dst, i, n->neg, mag);
 }
 
 int srv_json_fast_array(const char **pp, const char *end, eng_dtype dt, int max_rank, int64_t *dims, int *ndim,
@@ -701,7 +977,7 @@ int srv_json_fast_array(const char **pp, const char *end, eng_dtype dt, int max_
         }
         float f;
         if (dt == ENG_DTYPE_F32 && srv_jnum_f32(&num, &f)) ((float *)buf)[n] = f;
-        else if (!srv_json_fast_store(srv_jnum_double(&num), dt, buf, n)) goto fail;
+        else if (!srv_json_fast_store(&num, dt, buf, n)) goto fail;
         n++;
         /* after a value: ',' or ']' (closing lists) */
         for (;;) {

@@ -1,6 +1,7 @@
 /* json.h - private helpers shared by the REST codecs (server/codec-*.c, server/rest*.c): a growable output
- * buffer with JSON writers (strings escaped, floats printed so they round-trip, NaN/Infinity as TF Serving
- * prints them), strict base64, and the one place where a parsed JSON leaf becomes a tensor element.
+ * buffer with JSON writers (strings escaped, floats printed so they round-trip, NaN/Infinity as the JSON
+ * strings "NaN", "Infinity", "-Infinity" so that every reply is strict JSON), strict base64, and the one place
+ * where a parsed JSON leaf becomes a tensor element.
  *
  * Invariants: a srv_buf that failed to grow (or grew past its cap) sets oom and ignores further writes, so
  * writers need not check every call; srv_buf_take returns NULL then. Nothing here allocates more than the
@@ -27,7 +28,8 @@ void srv_buf_puts(srv_buf *b, const char *s);
 void srv_buf_printf(srv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A JSON string literal with quotes; control chars, quotes and backslashes escaped. */
 void srv_buf_json_str(srv_buf *b, const char *s);
-/* Element i of t as a JSON value (number, true/false, NaN/Infinity/-Infinity). */
+/* Element i of t as a JSON value: a number, true/false, or for a non-finite float the string "NaN",
+ * "Infinity" or "-Infinity" (never a bare NaN token: strict parsers refuse those). */
 void srv_buf_json_elem(srv_buf *b, const eng_tensor *t, int64_t i);
 /* The elements [off, off + prod(dims)) of t as nested lists following dims (ndim 0: a bare value). */
 void srv_buf_json_nested(srv_buf *b, const eng_tensor *t, int64_t off, const int64_t *dims, int ndim);
@@ -44,10 +46,12 @@ int srv_b64_decode(const char *in, size_t n, uint8_t *out, size_t cap, size_t *o
 /* malloc'd, NUL-terminated; NULL on OOM. */
 char *srv_b64_encode(const void *in, size_t n, size_t *outlen);
 
-/* Store the JSON leaf v as element idx of a dtype-dt buffer at dst. Numbers must fit the dtype (integers
- * must be integral and in range; float32 finite values in float32 range); bools only as true/false; float
- * inputs also accept the strings "NaN", "Infinity", "-Infinity". Errors are INVALID_ARGUMENT naming `what`
- * (an input name) and the flat index. */
+/* Store the JSON leaf v as element idx of a dtype-dt buffer at dst. Numbers must fit the dtype exactly:
+ * integers must be integral and within the dtype's exact range (int64: [-2^63, 2^63-1], judged on the number's
+ * text, never on a rounded double); floats must be finite as parsed (1e400 is refused, not read as infinity)
+ * and must not overflow the dtype (1e39 for float32). Bools only as true/false; float inputs also accept the
+ * strings "NaN", "Infinity", "-Infinity" (what the writers above emit). Errors are INVALID_ARGUMENT naming
+ * `what` (an input name), the flat index and the value as written. */
 srv_code srv_json_store(const cJSON *v, eng_dtype dt, void *dst, int64_t idx, const char *what, srv_error *err);
 
 /* Fast path for request bodies: a nested list of plain numbers at *p (after optional whitespace), in strict
@@ -61,8 +65,14 @@ int srv_json_fast_array(const char **p, const char *end, eng_dtype dt, int max_r
 /* Skip JSON whitespace (space, tab, CR, LF). */
 const char *srv_json_ws(const char *p, const char *end);
 
-/* Parse after checking depth; NULL with err set (INVALID_ARGUMENT) on bad JSON. */
+/* Parse after checking depth; NULL with err set (INVALID_ARGUMENT; RESOURCE_EXHAUSTED on OOM) on bad JSON.
+ * Number nodes whose value a double may misstate (more than 15 characters, or an exponent) also carry their
+ * text, NUL-terminated, in valuestring (freed by cJSON_Delete): srv_json_store and srv_json_int64 read it.
+ * Test numbers with cJSON_IsNumber, strings with cJSON_IsString, never by valuestring != NULL. */
 cJSON *srv_json_parse(const char *body, size_t len, srv_error *err);
+
+/* The exact integral value of the number v in *out: 1 if v is a number, integral and in int64's range. */
+int srv_json_int64(const cJSON *v, int64_t *out);
 
 /* 1 if v is an object {"b64": "..."} (exactly that key). */
 int srv_json_is_b64(const cJSON *v);

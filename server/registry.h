@@ -7,10 +7,16 @@
  * kept in status; it never disturbs serving versions (availability-preserving: a newer version is published
  * BEFORE an older one that left the policy is retired).
  *
- * Concurrency: the request path (acquire/release) takes a short per-registry lock and an atomic reference;
- * loading runs on the poller / loader thread without holding that lock while parsing or planning, so one
- * model's load never blocks requests to another. srv_version objects are reference counted: a version is
- * freed only after the registry dropped it AND its last request released it.
+ * Loading: each load runs on a thread of its own, never on the poller, and without the registry lock while it
+ * parses, plans or warms up, so a slow or stuck load blocks neither requests, nor the poller, nor a newer
+ * version's load. A load that runs past load_timeout_s fails that version alone (END, DEADLINE_EXCEEDED); its
+ * thread's late result is discarded. Every file a load reads is opened non-blocking, inside the version
+ * directory, regular files only (srv_bundle_open): a FIFO as model.onnx fails that version at once.
+ * Every load, failure, retirement and base-path problem is logged on stderr (server/log.h).
+ *
+ * Concurrency: the request path (acquire/release) takes a short per-registry lock and an atomic reference.
+ * srv_version objects are reference counted: a version is freed only after the registry dropped it AND its
+ * last request released it.
  */
 #ifndef SRV_REGISTRY_H
 #define SRV_REGISTRY_H
@@ -98,13 +104,16 @@ typedef struct srv_registry_opts {
     int allow_labels_for_unavailable; /* --allow_version_labels_for_unavailable_models */
     srv_metrics *metrics;        /* may be NULL */
     double load_timeout_s;       /* --model_load_timeout_seconds: a longer load fails that version only; <= 0: 600 */
-    int explicit_control;        /* --model_control_mode=explicit: models load/unload on request (srv_registry_load) */
+    int explicit_control;        /* --model_control_mode=explicit: no poller; models load/unload on request
+                                  * (srv_registry_load_model / srv_registry_unload_model) */
 } srv_registry_opts;
 
 typedef struct srv_registry srv_registry;
 
 srv_registry *srv_registry_new(const srv_registry_opts *o);
-/* Stops the poller, retires every version (waiting for in-flight requests), frees; sets *r NULL. */
+/* Stops the poller, cancels loads in flight and waits for their threads (up to 5 s; a load still stuck in a
+ * read then keeps the registry allocated for the rest of the process, logged), retires every version (waiting
+ * for in-flight requests), frees; sets *r NULL. No other call on r may run concurrently but releases. */
 void srv_registry_free(srv_registry **r);
 
 /* Replace the served model set: new models are added, removed ones retired, changed policies/labels
@@ -112,10 +121,24 @@ void srv_registry_free(srv_registry **r);
  * point at an AVAILABLE version unless allow_labels_for_unavailable). Copies the configs. */
 srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, int n, srv_error *err);
 
-/* Scan every model's base path once and load/unload to match the policies. Blocks until loads finish. */
+/* Scan every model's base path and load/unload to match the policies. Blocks until the loads it needs have
+ * ended (each succeeds, fails, or passes load_timeout_s), then retires what they replace. With explicit control
+ * it looks only at models it never looked at (new in the config). Thread-safe. */
 void srv_registry_poll(srv_registry *r);
-/* Start a background poller (every poll_seconds; <= 0: scan once now, never again). */
+/* srv_registry_poll now, then a background poller every poll_seconds (<= 0, or explicit control: none). */
 int srv_registry_start(srv_registry *r, double poll_seconds);
+
+/* Explicit model control (explicit_control; Triton's POST /v2/repository/models/{m}/load): re-read model's base
+ * path and load what its policy asks for, also after srv_registry_unload_model, retrying versions that failed
+ * before; returns once those loads ended (each bounded by load_timeout_s), after retiring what they replace.
+ * SRV_OK when every load it started succeeded and a version is AVAILABLE. UNAVAILABLE when explicit control is
+ * off; NOT_FOUND for a model not in the config, an unreadable base path or one without a matching version;
+ * otherwise the code and message of the highest version that failed (naming model, version and reason). */
+srv_code srv_registry_load_model(srv_registry *r, const char *model, srv_error *err);
+/* Retire every version of model (each unloads when its last in-flight request ends) and cancel its loads in
+ * flight; it stays configured, and nothing loads it again until srv_registry_load_model. Does not wait.
+ * UNAVAILABLE when explicit control is off, NOT_FOUND for a model not in the config. */
+srv_code srv_registry_unload_model(srv_registry *r, const char *model, srv_error *err);
 
 /* Take a reference on a version to serve a request: version > 0 explicit, label non-NULL by label,
  * otherwise the highest AVAILABLE version. NOT_FOUND names the model/version/label; a version that exists
@@ -140,6 +163,10 @@ void srv_status_free(srv_version_status *s, int n);
 
 /* 1 if the model is configured (whatever the state of its versions). */
 int srv_registry_has_model(srv_registry *r, const char *model);
+/* 1 if label is one of the model's configured version labels (metrics record only those by name). */
+int srv_registry_has_label(srv_registry *r, const char *model, const char *label);
+/* The batching options every version runs with, NULL when batching is off (fixed at srv_registry_new). */
+const srv_batch_opts *srv_registry_batching(const srv_registry *r);
 
 /* 1 when every configured model has at least one AVAILABLE version (health/ready). */
 int srv_registry_ready(srv_registry *r);

@@ -43,6 +43,11 @@ struct srv_rest {
     atomic_int inflight;
     atomic_int quiescing;
     srv_rest_pool pool;
+    struct srv_gate *gate;  /* the accept loop and connection limits (rest-gate.c) */
+    int conn_limit;
+    pthread_mutex_t dmu;    /* guards deferred and each deferred request's cut flag */
+    srv_rest_conn *deferred; /* requests whose work runs on a worker or a batcher */
+    atomic_int cut_unsent;  /* requests answered by srv_rest_cut_off whose 503 is not sent yet */
 };
 
 typedef struct srv_reply {

@@ -5,6 +5,10 @@
  *                        POST /v1/models/{m}[/versions/{n}|/labels/{l}]:(predict|classify|regress)
  * Names from the URL are validated (srv_name_valid) before anything else; versions are plain positive
  * integers. Inference requests hold exactly one registry reference from acquire to release.
+ * Metrics: a request is recorded against the version that served it, before that version is released (so a
+ * retired version's series, dropped with its last reference, are never re-created); one no version served is
+ * recorded with version "" and model "" unless the model is configured. A version label keeps its name only
+ * if the model configures it, else it is recorded as "unknown": URLs never add label values.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,12 +80,32 @@ static int srv_tfs_parse(const char *path, srv_tfs_route *rt, srv_error *err) {
     return k == n ? 1 : 0;
 }
 
+/* The label metrics may show: NULL when the URL named none; the label when it is configured for the model
+ * (served: the request resolved it, so it is), else "unknown". */
+static const char *srv_tfs_label(const srv_rest_req *q, const srv_tfs_route *rt, int served) {
+    if (!rt->has_label) return NULL;
+    return served || srv_registry_has_label(q->r->reg, rt->model, rt->label) ? rt->label : "unknown";
+}
+
+/* The model metrics may show: a name that matched nothing is not recorded verbatim (clients choose it). */
+static const char *srv_tfs_model(const srv_rest_req *q, const srv_tfs_route *rt, int served, srv_code code) {
+    return served || (code != SRV_NOT_FOUND && srv_registry_has_model(q->r->reg, rt->model)) ? rt->model : "";
+}
+
+/* A non-inference request: version > 0 is the version that served it (0: none). */
 static void srv_tfs_record(const srv_rest_req *q, const srv_tfs_route *rt, int64_t version, const char *api,
                            srv_code code) {
-    /* A name that matched nothing is not recorded verbatim: clients choose it (metrics cardinality). */
-    const char *model = code == SRV_NOT_FOUND && version <= 0 ? "" : rt->model;
-    srv_metrics_request(q->r->m, model, version > 0 ? version : rt->version, rt->has_label ? rt->label : NULL, api,
-                        code, srv_now_us() - q->t0_us);
+    int served = version > 0 || code == SRV_OK;
+    const char *model = srv_tfs_model(q, rt, served, code);
+    srv_metrics_request(q->r->m, model, version, srv_tfs_label(q, rt, served), api, code, srv_now_us() - q->t0_us);
+}
+
+/* An inference: info is the version that served it (NULL: none), t its times. */
+static void srv_tfs_record_infer(const srv_rest_req *q, const srv_tfs_route *rt, const srv_version_info *info,
+                                 srv_code code, const srv_infer_times *t) {
+    const char *model = srv_tfs_model(q, rt, info != NULL, code);
+    srv_metrics_infer(q->r->m, model, info ? info->version : 0, srv_tfs_label(q, rt, info != NULL), rt->verb, code,
+                      srv_metrics_clock_ns() - q->t0_us * 1000, t);
 }
 
 static void srv_tfs_status(const srv_rest_req *q, const srv_tfs_route *rt, srv_reply *o) {
@@ -142,41 +166,53 @@ static void srv_tfs_metadata(const srv_rest_req *q, const srv_tfs_route *rt, srv
     srv_buf_puts(&b, "},\"outputs\":{");
     srv_tfs_io_json(&b, info->outputs, info->noutputs);
     srv_buf_puts(&b, "},\"method_name\":\"tensorflow/serving/predict\"}}}}}");
+    srv_tfs_record(q, rt, ver, "metadata", SRV_OK);
     srv_version_release(v);
     srv_reply_buf(o, 200, &b);
-    srv_tfs_record(q, rt, ver, "metadata", SRV_OK);
 }
 
 /* The second half of an inference: predict (unless `done`: out already holds the result of an asynchronous
- * predict, rc its status) -> encode -> release v -> reply -> record. Takes in, out and v. */
+ * predict, rc its status) -> encode -> record -> release v -> reply. Takes in, out and v. input_ns: the decode
+ * time; dec_end_ns: when decoding ended (srv_metrics_clock_ns), where the queue time starts. */
 static void srv_tfs_finish(const srv_rest_req *q, const srv_tfs_route *rt, srv_version *v, srv_tensors *in,
-                           srv_tensors *done, srv_tfs_format fmt, srv_code rc, srv_error *err, srv_reply *o) {
+                           srv_tensors *done, srv_tfs_format fmt, srv_code rc, srv_error *err, int64_t input_ns,
+                           int64_t dec_end_ns, srv_reply *o) {
     const char *api = rt->verb;
-    int64_t ver = 0;
     char *body = NULL;
     size_t len = 0;
     srv_tensors local = {0}, *outp = done ? done : &local;
     if (v) {
         const srv_version_info *info = srv_version_get_info(v);
-        ver = info->version;
+        srv_infer_times tm = {.input_ns = input_ns};
         if (rc == SRV_OK && !done) rc = srv_version_predict(v, in, outp, q->deadline_us, err);
         if (rc == SRV_OK) {
+            int64_t t1 = srv_metrics_clock_ns(), rs, ri, re;
+            if (srv_metrics_run_last(dec_end_ns, &rs, &ri, &re)) { /* this thread ran it, or its batch */
+                tm.queue_ns = rs - dec_end_ns;
+                tm.infer_ns = ri - rs;
+                tm.output_ns = re - ri;
+            } else { /* run on a thread this one cannot see (a blocking batched predict): all of it is the run */
+                tm.infer_ns = t1 - dec_end_ns;
+            }
+            int64_t mb = srv_kserve_max_batch(info, srv_registry_batching(q->r->reg));
+            tm.rows = mb > 0 && in->n > 0 && in->t[0].ndim >= 1 && in->t[0].dims[0] > 0 ? in->t[0].dims[0] : 1;
             if (!strcmp(api, "predict")) body = srv_tfs_encode_predict(info, outp, fmt, &len, err);
             else if (!strcmp(api, "classify")) body = srv_tfs_encode_classify(info, outp, &len, err);
             else body = srv_tfs_encode_regress(info, outp, &len, err);
+            tm.output_ns += srv_metrics_clock_ns() - t1;
         }
+        if (body) err->code = SRV_OK;
+        else if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
+        srv_tfs_record_infer(q, rt, info, err->code, &tm); /* before the release (see the top of this file) */
         srv_tensors_free(in);
         srv_tensors_free(outp);
         srv_version_release(v);
-    }
-    if (body) {
-        err->code = SRV_OK;
-        srv_reply_text(o, 200, body, len, "application/json");
     } else {
         if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
-        srv_reply_code(o, err);
+        srv_tfs_record_infer(q, rt, NULL, err->code, NULL);
     }
-    srv_tfs_record(q, rt, ver, api, err->code);
+    if (body) srv_reply_text(o, 200, body, len, "application/json");
+    else srv_reply_code(o, err);
 }
 
 typedef struct srv_tfs_job { /* q's strings and rt.verb point into the request, which outlives the job */
@@ -186,12 +222,13 @@ typedef struct srv_tfs_job { /* q's strings and rt.verb point into the request, 
     srv_version *v;
     srv_tensors in, out;
     srv_tfs_format fmt;
+    int64_t input_ns, dec_end_ns;
 } srv_tfs_job;
 
 static void srv_tfs_job_run(srv_rest_job *job, srv_reply *o) {
     srv_tfs_job *j = (srv_tfs_job *)job;
     srv_error err = {0};
-    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, NULL, j->fmt, SRV_OK, &err, o);
+    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, NULL, j->fmt, SRV_OK, &err, j->input_ns, j->dec_end_ns, o);
     free(j);
 }
 
@@ -201,7 +238,7 @@ static void srv_tfs_job_done(void *arg, srv_code rc, const srv_error *e) {
     if (rc != SRV_OK) err = *e;
     void (*complete)(void *) = j->base.complete;
     void *carg = j->base.carg;
-    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, &j->out, j->fmt, rc, &err, j->base.o);
+    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, &j->out, j->fmt, rc, &err, j->input_ns, j->dec_end_ns, j->base.o);
     free(j);
     complete(carg);
 }
@@ -217,23 +254,26 @@ static void srv_tfs_infer(const srv_rest_req *q, const srv_tfs_route *rt, srv_re
     srv_tensors in = {0};
     srv_tfs_format fmt = SRV_TFS_ROW;
     srv_code rc = SRV_OK;
+    int64_t t0 = 0, t1 = 0;
     srv_version *v = srv_registry_acquire(q->r->reg, rt->model, rt->version, rt->has_label ? rt->label : NULL, &err);
     if (v) {
         const srv_version_info *info = srv_version_get_info(v);
+        t0 = srv_metrics_clock_ns();
         rc = !strcmp(rt->verb, "predict") ? srv_tfs_decode_predict(q->body, q->len, info, &in, &fmt, &err)
                                           : srv_tfs_decode_examples(q->body, q->len, info, &in, &err);
+        t1 = srv_metrics_clock_ns();
         if (rc == SRV_OK && !srv_rest_quick(q, v, &in)) {
             srv_tfs_job *j = malloc(sizeof *j);
             if (j) {
                 *j = (srv_tfs_job){.base = {.run = srv_tfs_job_run, .start = srv_tfs_job_start}, .q = *q, .rt = *rt,
-                                   .v = v, .in = in, .fmt = fmt};
+                                   .v = v, .in = in, .fmt = fmt, .input_ns = t1 - t0, .dec_end_ns = t1};
                 j->q.defer = NULL;
                 *q->defer = &j->base;
                 return;
             }
         }
     }
-    srv_tfs_finish(q, rt, v, &in, NULL, fmt, rc, &err, o);
+    srv_tfs_finish(q, rt, v, &in, NULL, fmt, rc, &err, t1 - t0, t1, o);
 }
 
 int srv_rest_tfs(const srv_rest_req *q, srv_reply *o) {

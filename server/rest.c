@@ -1,39 +1,47 @@
 /* rest.c - the REST front end on libmicrohttpd (see rest.h): daemon setup, body accumulation with the size
- * limit, routing to the /v1 (rest-tfs.c) and /v2 (rest-kserve.c) handlers, Prometheus, replies.
+ * limit and content codings, routing to the /v1 (rest-tfs.c), /v2 (rest-kserve.c) and repository
+ * (rest-repo.c) handlers, Prometheus, replies, and the drain deadline.
  *
- * Threading: MHD's internal thread pool (epoll where available, else poll; --rest_api_num_threads polling
- * threads) runs srv_rest_access. A cheap request runs whole on its polling thread (no hand-off: bare-MHD
- * speed). One that may take a while must not stall the other connections that thread owns, so its
- * connection is suspended and the work goes to a worker pool that grows on demand (batching needs many
- * requests waiting at once); the worker fills the reply and resumes the connection, and MHD calls
- * srv_rest_access again to send it. What goes to the pool: a body over SRV_REST_INLINE_BODY (the whole
- * request), and inference the handler finds slow after decoding (srv_rest_quick: no timing yet, or the
- * version's measured per-row time x rows over SRV_REST_INLINE_US, or a slow run of it in progress). With
- * batching on, a decoded request goes straight to the version's batcher instead (srv_rest_job.start): the
- * connection stays suspended and the batch worker encodes the reply and resumes it, so no thread blocks
- * per request.
- * Per-request state lives in an srv_rest_conn hung on MHD's con_cls and freed in srv_rest_done, which MHD
- * calls exactly once per started request; inflight counts requests between the two.
+ * Connections: the front gate (rest-gate.c) owns the listening socket and every connection until its first
+ * request head is complete (limits per address and in all, the header deadline, canned JSON errors), then
+ * hands it to MHD, which serves it from then on (keep-alive included); the gate's hooks keep the deadline of
+ * each later request (srv_gate_received / srv_gate_replied).
+ * Threading: MHD's internal thread pool (epoll; --rest_api_num_threads polling threads) runs srv_rest_access.
+ * A cheap request runs whole on its polling thread (no hand-off: bare-MHD speed). One that may take a while
+ * must not stall the other connections that thread owns, so its connection is suspended and the work goes to a
+ * worker pool that grows on demand (batching needs many requests waiting at once); the worker fills the reply
+ * and resumes the connection, and MHD calls srv_rest_access again to send it. What goes to the pool: a body
+ * over SRV_REST_INLINE_BODY (the whole request), and inference the handler finds slow after decoding
+ * (srv_rest_quick). With batching on, a decoded request goes straight to the version's batcher instead
+ * (srv_rest_job.start): the connection stays suspended and the batch worker encodes the reply and resumes it.
+ * Per-request state lives in an srv_rest_conn, created when MHD has parsed the request line (the URI log
+ * callback, which also sees a raw NUL cutting the URL short) and freed when its last reference goes: MHD's
+ * (dropped in srv_rest_done, called exactly once per request) and, while the work is deferred, the worker's.
+ * Deferred requests sit on a list; at the drain deadline srv_rest_cut_off answers each with 503 and resumes it,
+ * and the worker's late result is dropped (srv_rest_finish sees `cut`).
  * Limits: a body larger than max_body_bytes is refused with 413 as soon as Content-Length says so (before
- * any body byte is read; with Expect: 100-continue the client never sends it). A chunked upload that passes
- * the limit stops being stored at once; the rest is dropped and 413 sent at its end (MHD 0.9 cannot reply in
- * the middle of an upload), or the connection is closed past twice the limit. The body buffer never grows
- * beyond max_body_bytes + 1.
+ * any body byte is read). A chunked upload that passes the limit stops being stored at once; the rest is
+ * dropped and 413 sent at its end, or the connection is closed past twice the limit. A gzip/deflate body is
+ * held to the same limit after inflating. Framing that two parsers could read differently (two
+ * Content-Length headers, Content-Length with Transfer-Encoding) is 400 and the connection closes.
  */
 #define _GNU_SOURCE
 #include "rest.h"
 
 #include <errno.h>
 #include <microhttpd.h>
-#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "json.h"
+#include "log.h"
+#include "rest-encoding.h"
+#include "rest-gate.h"
 #include "rest-impl.h"
 
 /* Requests up to this size are decoded on the polling thread; larger ones go to the worker pool whole. */
@@ -41,6 +49,10 @@
 /* Inference expected to take longer than this (or batching) runs on the worker pool. */
 #define SRV_REST_INLINE_US 1000
 #define SRV_REST_MAX_WORKERS 1024
+/* Replies at least this large are compressed for clients that accept gzip or deflate. */
+#define SRV_REST_COMPRESS_MIN 1024
+/* Extra connection slots for health requests when the server is at its connection limit. */
+#define SRV_REST_HEALTH_RESERVE 64
 
 enum { SRV_RC_RECV, SRV_RC_QUEUED, SRV_RC_READY };
 
@@ -48,15 +60,25 @@ struct srv_rest_conn {
     char *body;
     size_t len, cap;
     int64_t t0;
-    int replied;   /* a response was queued */
+    int fd;          /* the connection's socket (for the gate's hooks) */
+    int counted;     /* counted in inflight */
+    int replied;     /* a response was queued */
     int too_big;
-    size_t dropped; /* body bytes seen (stored or dropped) */
-    /* deferred to the worker pool (connection suspended meanwhile) */
+    int bad_url;     /* a raw NUL cut the URL short */
+    int close_after; /* send Connection: close */
+    srv_enc enc_in, enc_out;
+    size_t dropped;  /* body bytes seen (stored or dropped) */
+    /* deferred to the worker pool or a batcher (connection suspended meanwhile) */
     int phase;            /* SRV_RC_* */
+    atomic_int refs;      /* MHD's + the deferred work's */
+    srv_rest *rest;
+    int cut;              /* answered 503 at the drain deadline; the work's result is dropped */
+    srv_rest_conn *dprev, *dnext; /* the deferred list (r->dmu) */
     struct MHD_Connection *c;
     const char *url, *method, *header_len, *authorization; /* MHD's, valid until the request ends */
     srv_rest_job *job;    /* NULL: the whole dispatch runs on the worker */
-    srv_reply out;
+    srv_reply out;        /* the reply MHD sends */
+    srv_reply pending;    /* a batch worker's reply, moved to out by srv_rest_finish */
     srv_rest_conn *next;  /* pool queue */
 };
 
@@ -121,7 +143,26 @@ int srv_rest_split(const char *path, char segs[][256], int max) {
 
 /* ---- MHD glue ---- */
 
-static enum MHD_Result srv_rest_send(srv_rest *r, struct MHD_Connection *c, srv_reply *o) {
+static void srv_rest_unref(srv_rest_conn *cn) {
+    if (atomic_fetch_sub(&cn->refs, 1) != 1) return;
+    free(cn->body);
+    free(cn->out.body);
+    free(cn->pending.body);
+    free(cn);
+}
+
+static enum MHD_Result srv_rest_send(srv_rest *r, struct MHD_Connection *c, srv_rest_conn *cn, srv_reply *o) {
+    int gz = 0;
+    if (cn && cn->enc_out != SRV_ENC_IDENTITY && o->body && o->len >= SRV_REST_COMPRESS_MIN) {
+        char *z = NULL;
+        size_t zl = 0;
+        if (srv_enc_compress(cn->enc_out, o->body, o->len, &z, &zl) == 0) {
+            free(o->body);
+            o->body = z;
+            o->len = zl;
+            gz = 1;
+        }
+    }
     struct MHD_Response *resp = MHD_create_response_from_buffer(o->len, o->body ? o->body : (void *)"",
                                                                 o->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!resp) {
@@ -131,25 +172,37 @@ static enum MHD_Result srv_rest_send(srv_rest *r, struct MHD_Connection *c, srv_
     }
     o->body = NULL; /* owned by resp now */
     if (o->ctype) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, o->ctype);
+    if (gz) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_ENCODING, srv_enc_name(cn->enc_out));
+    if (cn && cn->enc_out != SRV_ENC_IDENTITY) MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Accept-Encoding");
     if (o->header_len) {
         char hl[32];
         snprintf(hl, sizeof hl, "%zu", o->header_len);
         MHD_add_response_header(resp, "Inference-Header-Content-Length", hl);
     }
     if (o->allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, o->allow);
-    if (atomic_load(&r->quiescing)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (o->status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (atomic_load(&r->quiescing) || (cn && cn->close_after))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)o->status, resp);
     MHD_destroy_response(resp);
     return ret;
 }
 
+/* An error before the body is read (or instead of it): the connection closes after it, so whatever follows
+ * on the wire is never parsed as a request. */
+static enum MHD_Result srv_rest_refuse(srv_rest *r, struct MHD_Connection *c, srv_rest_conn *cn, int status,
+                                       const char *msg) {
+    srv_reply o = {0};
+    srv_reply_error(&o, status, msg);
+    cn->replied = 1;
+    cn->close_after = 1;
+    return srv_rest_send(r, c, cn, &o);
+}
+
 static enum MHD_Result srv_rest_413(srv_rest *r, struct MHD_Connection *c, srv_rest_conn *cn) {
     char msg[128];
-    srv_reply o = {0};
     snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", r->max_body);
-    srv_reply_error(&o, 413, msg);
-    cn->replied = 1;
-    return srv_rest_send(r, c, &o);
+    return srv_rest_refuse(r, c, cn, 413, msg);
 }
 
 int srv_rest_quick(const srv_rest_req *q, srv_version *v, const srv_tensors *in) {
@@ -158,6 +211,20 @@ int srv_rest_quick(const srv_rest_req *q, srv_version *v, const srv_tensors *in)
 
 static void srv_rest_dispatch(srv_rest *r, srv_rest_conn *cn, srv_rest_job **defer, srv_reply *o) {
     const char *url = cn->url, *method = cn->method;
+    if (cn->enc_in != SRV_ENC_IDENTITY) { /* inflate first; the body limit holds for the inflated size */
+        char *plain = NULL, msg[200];
+        size_t plen = 0;
+        int st = srv_enc_inflate(cn->enc_in, cn->body ? cn->body : "", cn->len, r->max_body, &plain, &plen, msg,
+                                 sizeof msg);
+        if (st) {
+            srv_reply_error(o, st, msg);
+            return;
+        }
+        free(cn->body);
+        cn->body = plain;
+        cn->len = cn->cap = plen;
+        cn->enc_in = SRV_ENC_IDENTITY;
+    }
     srv_rest_req q = {.r = r, .method = method, .path = url, .body = cn->body, .len = cn->len, .t0_us = cn->t0,
                       .header_len = cn->header_len, .authorization = cn->authorization, .defer = defer};
     if (r->timeout_ms > 0) q.deadline_us = cn->t0 + r->timeout_ms * 1000;
@@ -179,6 +246,77 @@ static void srv_rest_dispatch(srv_rest *r, srv_rest_conn *cn, srv_rest_job **def
     srv_reply_error(o, 404, msg);
 }
 
+/* ---- deferred work: the list the drain deadline cuts off ---- */
+
+static void srv_rest_track(srv_rest *r, srv_rest_conn *cn) {
+    atomic_fetch_add(&cn->refs, 1);
+    pthread_mutex_lock(&r->dmu);
+    cn->phase = SRV_RC_QUEUED;
+    cn->dprev = NULL;
+    cn->dnext = r->deferred;
+    if (r->deferred) r->deferred->dprev = cn;
+    r->deferred = cn;
+    pthread_mutex_unlock(&r->dmu);
+}
+
+static void srv_rest_untrack_locked(srv_rest *r, srv_rest_conn *cn) {
+    if (cn->dprev) cn->dprev->dnext = cn->dnext;
+    else if (r->deferred == cn) r->deferred = cn->dnext;
+    if (cn->dnext) cn->dnext->dprev = cn->dprev;
+    cn->dprev = cn->dnext = NULL;
+}
+
+/* The deferred work is done and its reply is in *o (NULL: in cn->pending). Unless the drain deadline already
+ * answered the request, the reply goes out; then the work's reference is dropped. Any thread. */
+static void srv_rest_finish(srv_rest *r, srv_rest_conn *cn, srv_reply *o) {
+    srv_reply *src = o ? o : &cn->pending;
+    pthread_mutex_lock(&r->dmu);
+    int cut = cn->cut;
+    if (!cut) {
+        srv_rest_untrack_locked(r, cn);
+        free(cn->out.body);
+        cn->out = *src;
+        memset(src, 0, sizeof *src);
+        cn->job = NULL;
+        cn->phase = SRV_RC_READY;
+    }
+    pthread_mutex_unlock(&r->dmu);
+    if (cut) {
+        free(src->body);
+        memset(src, 0, sizeof *src);
+    } else {
+        MHD_resume_connection(cn->c); /* MHD calls srv_rest_access again, which sends cn->out */
+    }
+    srv_rest_unref(cn);
+}
+
+int srv_rest_cut_off(srv_rest *r, const char *why) {
+    if (!r) return 0;
+    int n = 0;
+    pthread_mutex_lock(&r->dmu);
+    srv_rest_conn *list = r->deferred;
+    r->deferred = NULL;
+    for (srv_rest_conn *cn = list; cn; cn = cn->dnext) {
+        cn->cut = 1;
+        cn->close_after = 1;
+        free(cn->out.body);
+        memset(&cn->out, 0, sizeof cn->out);
+        srv_reply_error(&cn->out, 503, why);
+        cn->phase = SRV_RC_READY;
+        n++;
+    }
+    atomic_fetch_add(&r->cut_unsent, n);
+    pthread_mutex_unlock(&r->dmu);
+    /* Suspended connections stay put until resumed, and MHD holds its reference until srv_rest_done. */
+    for (srv_rest_conn *cn = list, *next; cn; cn = next) {
+        next = cn->dnext;
+        MHD_resume_connection(cn->c);
+    }
+    return n;
+}
+
+int srv_rest_cut_unsent(srv_rest *r) { return r ? atomic_load(&r->cut_unsent) : 0; }
+
 /* ---- worker pool ---- */
 
 static void *srv_rest_worker(void *arg) {
@@ -197,11 +335,11 @@ static void *srv_rest_worker(void *arg) {
         if (!p->head) p->tail = NULL;
         p->queued--;
         pthread_mutex_unlock(&p->mu);
-        if (cn->job) cn->job->run(cn->job, &cn->out);
-        else srv_rest_dispatch(r, cn, NULL, &cn->out);
-        cn->job = NULL;
-        cn->phase = SRV_RC_READY;
-        MHD_resume_connection(cn->c); /* MHD calls srv_rest_access again, which sends cn->out */
+        srv_reply o = {0};
+        srv_rest_job *job = cn->job;
+        if (job) job->run(job, &o);
+        else srv_rest_dispatch(r, cn, NULL, &o);
+        srv_rest_finish(r, cn, &o);
         pthread_mutex_lock(&p->mu);
     }
     p->nthreads--;
@@ -210,16 +348,15 @@ static void *srv_rest_worker(void *arg) {
     return NULL;
 }
 
-/* The reply is in cn->out: let MHD send it (it calls srv_rest_access again). Any thread. */
+/* A batch worker put the reply in cn->pending. Any thread. */
 static void srv_rest_complete(void *arg) {
     srv_rest_conn *cn = arg;
-    cn->job = NULL;
-    cn->phase = SRV_RC_READY;
-    MHD_resume_connection(cn->c);
+    srv_rest_finish(cn->rest, cn, NULL);
 }
 
 /* Hand cn to the pool; its connection is suspended first, so the worker's resume always comes after it.
- * 0, or -1 when no worker thread can run it (then the caller runs it itself). */
+ * tracked: cn is already on the deferred list (a batcher declined it). 0, or -1 when no worker thread can run
+ * it (then the caller runs it itself; cn is off the list again). */
 static int srv_rest_defer(srv_rest *r, srv_rest_conn *cn, int suspended) {
     srv_rest_pool *p = &r->pool;
     pthread_mutex_lock(&p->mu);
@@ -236,8 +373,10 @@ static int srv_rest_defer(srv_rest *r, srv_rest_conn *cn, int suspended) {
         pthread_mutex_unlock(&p->mu);
         return -1;
     }
-    cn->phase = SRV_RC_QUEUED;
-    if (!suspended) MHD_suspend_connection(cn->c);
+    if (!suspended) {
+        srv_rest_track(r, cn);
+        MHD_suspend_connection(cn->c);
+    }
     cn->next = NULL;
     if (p->tail) p->tail->next = cn;
     else p->head = cn;
@@ -248,27 +387,81 @@ static int srv_rest_defer(srv_rest *r, srv_rest_conn *cn, int suspended) {
     return 0;
 }
 
+/* MHD has parsed the request line: the request's state starts here. uri is the raw target (before %-decoding),
+ * NUL-terminated where MHD cut the line before " HTTP/x.y"; a string that ends earlier held a raw NUL byte. */
+static void *srv_rest_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+    srv_rest_conn *cn = calloc(1, sizeof *cn);
+    if (!cn) return NULL;
+    atomic_init(&cn->refs, 1);
+    cn->rest = cls;
+    cn->c = c;
+    cn->t0 = srv_now_us();
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    cn->fd = ci ? ci->connect_fd : -1;
+    if (uri) {
+        const char *end = uri + strlen(uri);
+        if (strncmp(end + 1, "HTTP/", 5) != 0) cn->bad_url = 1;
+    }
+    return cn;
+}
+
+/* Framing headers counted over every header line of the request. */
+typedef struct srv_rest_framing {
+    int cl, te;
+} srv_rest_framing;
+
+static enum MHD_Result srv_rest_count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    srv_rest_framing *f = cls;
+    (void)kind;
+    (void)value;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) f->cl++;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) f->te++;
+    return MHD_YES;
+}
+
+/* The request head is complete (first call for a request): refuse what must not be served. */
+static enum MHD_Result srv_rest_head(srv_rest *r, struct MHD_Connection *c, srv_rest_conn *cn, const char *url,
+                                     const char *method) {
+    atomic_fetch_add(&r->inflight, 1);
+    cn->counted = 1;
+    char msg[256];
+    if (cn->bad_url) return srv_rest_refuse(r, c, cn, 400, "the request target contains a NUL byte");
+    srv_rest_framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, srv_rest_count_framing, &f);
+    if (f.cl > 1 || f.te > 1 || (f.cl && f.te)) {
+        snprintf(msg, sizeof msg, "conflicting message framing: %d Content-Length and %d Transfer-Encoding headers (at "
+                 "most one of them, once)", f.cl, f.te);
+        return srv_rest_refuse(r, c, cn, 400, msg);
+    }
+    if (srv_gate_overflow(r->gate, cn->fd) && !srv_rest_is_health(method, url)) {
+        snprintf(msg, sizeof msg, "the server is at its connection limit (%d, --rest_api_connection_limit); retry "
+                 "shortly", r->conn_limit);
+        return srv_rest_refuse(r, c, cn, 503, msg);
+    }
+    const char *ce = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+    cn->enc_in = srv_enc_request(ce);
+    if (cn->enc_in == SRV_ENC_UNKNOWN) {
+        snprintf(msg, sizeof msg, "Content-Encoding '%.100s' is not supported (use gzip, deflate or identity)", ce);
+        return srv_rest_refuse(r, c, cn, 415, msg);
+    }
+    cn->enc_out = srv_enc_reply(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT_ENCODING));
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long v = strtoull(cl, &end, 10);
+        if (errno == ERANGE || v > r->max_body) return srv_rest_413(r, c, cn);
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                        const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     srv_rest *r = cls;
     srv_rest_conn *cn = *con_cls;
     (void)version;
-    if (!cn) {
-        cn = calloc(1, sizeof *cn);
-        if (!cn) return MHD_NO;
-        cn->t0 = srv_now_us();
-        cn->c = c;
-        *con_cls = cn;
-        atomic_fetch_add(&r->inflight, 1);
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            char *end = NULL;
-            errno = 0;
-            unsigned long long v = strtoull(cl, &end, 10);
-            if (errno == ERANGE || v > r->max_body) return srv_rest_413(r, c, cn);
-        }
-        return MHD_YES;
-    }
+    if (!cn) return MHD_NO; /* out of memory in srv_rest_uri */
+    if (!cn->counted) return srv_rest_head(r, c, cn, url, method);
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
@@ -302,26 +495,29 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
     if (cn->phase == SRV_RC_QUEUED) return MHD_YES; /* not expected: the connection is suspended */
     if (cn->phase == SRV_RC_READY) {
         cn->replied = 1;
-        return srv_rest_send(r, c, &cn->out);
+        return srv_rest_send(r, c, cn, &cn->out);
     }
+    srv_gate_received(r->gate, cn->fd); /* the whole request is in: its deadline stops */
     if (cn->too_big) return srv_rest_413(r, c, cn);
     cn->url = url;
     cn->method = method;
     cn->header_len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Inference-Header-Content-Length");
     cn->authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (cn->len > SRV_REST_INLINE_BODY && srv_rest_defer(r, cn, 0) == 0) return MHD_YES;
+    size_t weight = cn->enc_in != SRV_ENC_IDENTITY ? cn->len * 8 : cn->len; /* inflating is work too */
+    if (weight > SRV_REST_INLINE_BODY && srv_rest_defer(r, cn, 0) == 0) return MHD_YES;
     srv_reply o = {0};
     srv_rest_job *job = NULL;
     srv_rest_dispatch(r, cn, &job, &o);
     if (job && job->start) { /* batched: the batch worker replies; no thread waits for the batch */
         cn->job = job;
-        cn->phase = SRV_RC_QUEUED;
+        srv_rest_track(r, cn);
         MHD_suspend_connection(c);
-        job->o = &cn->out, job->complete = srv_rest_complete, job->carg = cn;
+        job->o = &cn->pending, job->complete = srv_rest_complete, job->carg = cn;
         if (job->start(job)) return MHD_YES;
         if (srv_rest_defer(r, cn, 1) == 0) return MHD_YES; /* not batched after all: a worker runs it */
-        job->run(job, &cn->out);
-        srv_rest_complete(cn);
+        srv_reply w = {0};
+        job->run(job, &w);
+        srv_rest_finish(r, cn, &w);
         return MHD_YES;
     }
     if (job) {
@@ -331,7 +527,7 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
         job->run(job, &o);
     }
     cn->replied = 1;
-    return srv_rest_send(r, c, &o);
+    return srv_rest_send(r, c, cn, &o);
 }
 
 static void srv_rest_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -340,11 +536,20 @@ static void srv_rest_done(void *cls, struct MHD_Connection *c, void **con_cls, e
     (void)c;
     (void)toe;
     if (!cn) return;
-    free(cn->body);
-    free(cn->out.body);
-    free(cn);
     *con_cls = NULL;
-    atomic_fetch_sub(&r->inflight, 1);
+    srv_gate_replied(r->gate, cn->fd);
+    if (cn->counted) atomic_fetch_sub(&r->inflight, 1);
+    if (cn->cut) atomic_fetch_sub(&r->cut_unsent, 1);
+    srv_rest_unref(cn);
+}
+
+static void srv_rest_conn_event(void *cls, struct MHD_Connection *c, void **socket_context,
+                                enum MHD_ConnectionNotificationCode code) {
+    srv_rest *r = cls;
+    (void)socket_context;
+    if (code != MHD_CONNECTION_NOTIFY_CLOSED) return;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) srv_gate_closed(r->gate, ci->connect_fd);
 }
 
 /* Make room for the connection limit plus the pool's own descriptors. */
@@ -378,17 +583,22 @@ static size_t srv_rest_unescape(void *cls, struct MHD_Connection *c, char *s) {
 static void srv_rest_raise_nofile(int connection_limit, int nthreads) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-    rlim_t want = (rlim_t)connection_limit + (rlim_t)nthreads * 4 + 256;
+    rlim_t want = (rlim_t)connection_limit + (rlim_t)nthreads * 4 + 1024;
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
         rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
 }
 
-static void srv_rest_pool_destroy(srv_rest *r) {
+static void srv_rest_free_state(srv_rest *r) {
+    srv_gate_free(&r->gate);
     pthread_mutex_destroy(&r->pool.mu);
     pthread_cond_destroy(&r->pool.work);
     pthread_cond_destroy(&r->pool.idle);
+    pthread_mutex_destroy(&r->dmu);
+    free(r->metrics_path);
+    free(r->admin_token);
+    free(r);
 }
 
 srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics *m, srv_error *err) {
@@ -407,23 +617,8 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     int nthreads = d.nthreads > 0 ? d.nthreads : 4 * (int)(ncpu > 0 ? ncpu : 1);
     if (nthreads > 1024) nthreads = 1024;
     int climit = d.connection_limit > 0 ? d.connection_limit : 2048;
-    if (climit < nthreads) climit = nthreads; /* MHD splits the limit across the pool */
     int ctimeout = d.connection_timeout_s > 0 ? d.connection_timeout_s : 30;
-
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
-    struct addrinfo *ai = NULL;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    int gai = getaddrinfo(host, ps, &hints, &ai);
-    if (gai != 0 || !ai) {
-        srv_err(err, SRV_INVALID_ARGUMENT, "cannot resolve REST host '%s': %s", host, gai_strerror(gai));
-        return NULL;
-    }
-    struct sockaddr_storage sa;
-    memset(&sa, 0, sizeof sa);
-    memcpy(&sa, ai->ai_addr, ai->ai_addrlen < sizeof sa ? ai->ai_addrlen : sizeof sa);
-    int v6 = ai->ai_family == AF_INET6;
-    freeaddrinfo(ai);
+    srv_rest_raise_nofile(climit + SRV_REST_HEALTH_RESERVE + 4096, nthreads);
 
     srv_rest *r = calloc(1, sizeof *r);
     if (!r) {
@@ -436,55 +631,71 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     r->timeout_ms = d.request_timeout_ms > 0 ? d.request_timeout_ms : 0;
     r->metrics_enabled = d.metrics_enabled;
     r->explicit_control = d.explicit_control;
-    r->admin_token = d.admin_token ? strdup(d.admin_token) : NULL;
+    r->conn_limit = climit;
     pthread_mutex_init(&r->pool.mu, NULL);
     pthread_cond_init(&r->pool.work, NULL);
     pthread_cond_init(&r->pool.idle, NULL);
+    pthread_mutex_init(&r->dmu, NULL);
     r->pool.max = SRV_REST_MAX_WORKERS;
     r->metrics_path = strdup(d.metrics_path && *d.metrics_path ? d.metrics_path : "/monitoring/prometheus/metrics");
-    if (!r->metrics_path) {
-        free(r);
+    r->admin_token = d.admin_token ? strdup(d.admin_token) : NULL;
+    if (!r->metrics_path || (d.admin_token && !r->admin_token)) {
+        srv_rest_free_state(r);
         srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
-    srv_rest_raise_nofile(climit, nthreads);
+    srv_gate_opts go = {.host = host,
+                        .port = port,
+                        .conn_limit = climit,
+                        .reserve = SRV_REST_HEALTH_RESERVE,
+                        .per_ip = d.per_ip_connection_limit > 0 ? d.per_ip_connection_limit : 256,
+                        .header_timeout_s = d.header_timeout_s > 0 ? d.header_timeout_s : 10,
+                        .idle_timeout_s = ctimeout,
+                        .max_head = 16 * 1024};
+    r->gate = srv_gate_new(&go, err);
+    if (!r->gate) {
+        srv_rest_free_state(r);
+        return NULL;
+    }
 
+    /* The gate accepts; MHD gets each connection once its first request head is in (MHD_add_connection). Its own
+     * limit sits above the gate's, so it never refuses one the gate let in. */
+    int mhd_limit = climit + SRV_REST_HEALTH_RESERVE + nthreads * 16;
     unsigned base = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
-                    (v6 ? MHD_USE_IPv6 : 0);
+                    MHD_USE_NO_LISTEN_SOCKET;
     unsigned modes[2] = {base | MHD_USE_EPOLL, base | MHD_USE_POLL};
     for (int i = 0; i < 2 && !r->d; i++) {
         if (i == 0 && MHD_is_feature_supported(MHD_FEATURE_EPOLL) != MHD_YES) continue;
         struct MHD_OptionItem ops[] = {
-            {MHD_OPTION_SOCK_ADDR, 0, &sa},
-            {MHD_OPTION_CONNECTION_LIMIT, climit, NULL},
+            {MHD_OPTION_CONNECTION_LIMIT, mhd_limit, NULL},
             {MHD_OPTION_CONNECTION_TIMEOUT, ctimeout, NULL},
             {MHD_OPTION_CONNECTION_MEMORY_LIMIT, 32 * 1024, NULL}, /* MHD zeroes all of it per request */
-            {MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, NULL},
-            {MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, NULL},
             {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)srv_rest_done, r},
+            {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)srv_rest_conn_event, r},
+            {MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)srv_rest_uri, r},
             {MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)srv_rest_unescape, NULL},
             {MHD_OPTION_THREAD_POOL_SIZE, nthreads, NULL},
             {MHD_OPTION_THREAD_STACK_SIZE, (intptr_t)(2 << 20), NULL},
             {MHD_OPTION_END, 0, NULL},
         };
-        r->d = MHD_start_daemon(modes[i], (uint16_t)port, NULL, NULL, srv_rest_access, r, MHD_OPTION_ARRAY, ops,
-                                MHD_OPTION_END);
+        r->d = MHD_start_daemon(modes[i], 0, NULL, NULL, srv_rest_access, r, MHD_OPTION_ARRAY, ops, MHD_OPTION_END);
     }
     if (!r->d) {
-        srv_err(err, SRV_UNAVAILABLE, "cannot start the HTTP server on %s:%d (port in use or not permitted)", host,
-                port);
-        srv_rest_pool_destroy(r);
-        free(r->metrics_path);
-        free(r);
+        srv_err(err, SRV_UNAVAILABLE, "cannot start the HTTP server for %s:%d", host, port);
+        srv_rest_free_state(r);
+        return NULL;
+    }
+    if (srv_gate_start(r->gate, r->d, err) != 0) {
+        MHD_stop_daemon(r->d);
+        srv_rest_free_state(r);
         return NULL;
     }
     return r;
 }
 
 void srv_rest_quiesce(srv_rest *r) {
-    if (!r || !r->d || atomic_exchange(&r->quiescing, 1)) return;
-    MHD_socket fd = MHD_quiesce_daemon(r->d);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+    if (!r || atomic_exchange(&r->quiescing, 1)) return;
+    srv_gate_close_listen(r->gate);
 }
 
 int srv_rest_inflight(srv_rest *r) { return r ? atomic_load(&r->inflight) : 0; }
@@ -498,10 +709,8 @@ void srv_rest_stop(srv_rest **pr) {
     pthread_cond_broadcast(&r->pool.work);
     while (r->pool.nthreads > 0) pthread_cond_wait(&r->pool.idle, &r->pool.mu);
     pthread_mutex_unlock(&r->pool.mu);
+    srv_gate_stop(r->gate);
     if (r->d) MHD_stop_daemon(r->d);
-    srv_rest_pool_destroy(r);
-    free(r->metrics_path);
-    free(r->admin_token);
-    free(r);
+    srv_rest_free_state(r);
     *pr = NULL;
 }

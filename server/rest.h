@@ -31,6 +31,11 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
 void srv_rest_quiesce(srv_rest *r);
 /* Requests being processed right now. */
 int srv_rest_inflight(srv_rest *r);
+/* The drain deadline: every request whose work is still running on a worker or waiting in a batcher is
+ * answered now with 503 and `why` (the work's result is dropped when it ends). Returns how many. */
+int srv_rest_cut_off(srv_rest *r, const char *why);
+/* Of those, how many replies are not sent yet. */
+int srv_rest_cut_unsent(srv_rest *r);
 /* Stop and free; sets *r NULL. */
 void srv_rest_stop(srv_rest **r);
 

@@ -5,7 +5,8 @@
  * file-system poller and the REST server. Health endpoints answer 503 until every configured model has an
  * AVAILABLE version. Signals are blocked in every thread and taken synchronously here: SIGHUP re-reads the
  * model config file; SIGTERM/SIGINT stop accepting connections, let in-flight requests finish up to
- * --drain_seconds, then exit 0 (TF Serving does not drain: #1853).
+ * --drain_seconds, then exit 0 (TF Serving does not drain: #1853). At the deadline, requests still running
+ * are answered 503 and the process exits at once with status 3, so a supervisor can tell that work was cut.
  */
 #include <errno.h>
 #include <signal.h>
@@ -27,12 +28,12 @@ static int serve_apply_config(const srv_options *o, srv_registry *reg) {
     int n = 0;
     srv_error err = {0};
     if (srv_config_models(o, &cfgs, &n, &err) != SRV_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
+        srv_log(SRV_LOG_ERROR, "config", NULL, 0, "%s", err.msg);
         return -1;
     }
     int rc = 0;
     if (srv_registry_set_config(reg, cfgs, n, &err) != SRV_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
+        srv_log(SRV_LOG_ERROR, "config", NULL, 0, "%s", err.msg);
         rc = -1;
     }
     for (int i = 0; i < n; i++) srv_model_config_free(&cfgs[i]);
@@ -44,7 +45,7 @@ int srv_cmd_serve(int argc, char **argv) {
     srv_options o;
     srv_error err = {0};
     if (srv_options_parse(argc, argv, &o, &err) != SRV_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
+        srv_log(SRV_LOG_ERROR, "config", NULL, 0, "%s", err.msg);
         srv_options_free(&o);
         return 2;
     }
@@ -64,14 +65,14 @@ int srv_cmd_serve(int argc, char **argv) {
     if (o.enable_batching) {
         srv_batch_opts_default(&bopts);
         if (o.batching_parameters_file && srv_config_load_batching(o.batching_parameters_file, &bopts, &err) != SRV_OK) {
-            fprintf(stderr, "error: %s\n", err.msg);
+            srv_log(SRV_LOG_ERROR, "config", NULL, 0, "%s", err.msg);
             srv_options_free(&o);
             return 2;
         }
     }
     if (o.monitoring_config_file &&
         srv_config_load_monitoring(o.monitoring_config_file, &metrics_on, &metrics_path, &err) != SRV_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
+        srv_log(SRV_LOG_ERROR, "config", NULL, 0, "%s", err.msg);
         srv_options_free(&o);
         return 2;
     }
@@ -109,18 +110,22 @@ int srv_cmd_serve(int argc, char **argv) {
                              .admin_token = o.admin_token};
         rest = srv_rest_start(&rop, reg, metrics, &err);
         if (!rest) {
-            fprintf(stderr, "error: REST server on %s:%d: %s\n", o.rest_host ? o.rest_host : "0.0.0.0", o.rest_port,
-                    err.msg);
+            srv_log(SRV_LOG_ERROR, "listen", NULL, 0, "REST server on %s:%d: %s", o.rest_host ? o.rest_host : "0.0.0.0",
+                    o.rest_port, err.msg);
             srv_registry_free(&reg);
             srv_metrics_free(&metrics);
             free(metrics_path);
             srv_options_free(&o);
             return 1;
         }
-        fprintf(stderr, "tensord: REST API on %s:%d\n", o.rest_host ? o.rest_host : "0.0.0.0", o.rest_port);
+        const char *host = o.rest_host ? o.rest_host : "0.0.0.0";
+        srv_log(SRV_LOG_INFO, "listen", NULL, 0, "REST API on %s:%d%s", host, o.rest_port,
+                strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0
+                    ? " (all interfaces; --rest_api_host=127.0.0.1 keeps it on this machine)"
+                    : "");
     }
     if (o.grpc_port > 0)
-        fprintf(stderr, "tensord: gRPC (--port=%d) is not implemented yet; serving REST only\n", o.grpc_port);
+        srv_log(SRV_LOG_WARN, "listen", NULL, 0, "gRPC (--port=%d) is not implemented yet; serving REST only", o.grpc_port);
 
     double cfg_poll = o.model_config_file ? o.model_config_file_poll_wait_seconds : 0;
     for (;;) {
@@ -136,25 +141,41 @@ int srv_cmd_serve(int argc, char **argv) {
             continue;
         }
         if (sig == SIGHUP) {
-            fprintf(stderr, "tensord: SIGHUP: re-reading the model config\n");
+            srv_log(SRV_LOG_INFO, "reload", NULL, 0, "SIGHUP: re-reading the model config");
             serve_apply_config(&o, reg);
             continue;
         }
-        fprintf(stderr, "tensord: signal %d: draining in-flight requests (up to %.0f s)\n", sig, o.drain_seconds);
+        srv_log(SRV_LOG_INFO, "drain", NULL, 0, "signal %d: draining in-flight requests (up to %g s)", sig, o.drain_seconds);
         break;
     }
     if (rest) {
         srv_rest_quiesce(rest);
         int64_t deadline = srv_now_us() + (int64_t)(o.drain_seconds * 1e6);
         while (srv_rest_inflight(rest) > 0 && srv_now_us() < deadline) usleep(5000);
-        if (srv_rest_inflight(rest) > 0)
-            fprintf(stderr, "tensord: %d requests still running at the drain deadline\n", srv_rest_inflight(rest));
+        int left = srv_rest_inflight(rest);
+        if (left > 0) {
+            /* The deadline holds: whatever still runs is answered 503 now, and the process ends within a second,
+             * without waiting for the work itself (which may hold the registry's versions: no clean-up then). */
+            char why[160];
+            snprintf(why, sizeof why, "the server is shutting down: the request was still running at the "
+                     "--drain_seconds=%g deadline", o.drain_seconds);
+            int cut = srv_rest_cut_off(rest, why);
+            int64_t flush = srv_now_us() + 800000; /* the 503s go out; the exit stays within a second */
+            while ((srv_rest_cut_unsent(rest) > 0 || srv_rest_inflight(rest) > 0) && srv_now_us() < flush) usleep(2000);
+            int unsent = srv_rest_cut_unsent(rest), still = srv_rest_inflight(rest);
+            srv_log(SRV_LOG_ERROR, "drain", NULL, 0,
+                    "%d requests still running at the drain deadline: %d answered 503 UNAVAILABLE (%d of those not "
+                    "delivered), %d closed without a reply; exiting with status 3", left, cut, unsent,
+                    still > unsent ? still - unsent : 0);
+            fflush(stderr);
+            _exit(3);
+        }
         srv_rest_stop(&rest);
     }
     srv_registry_free(&reg);
     srv_metrics_free(&metrics);
     free(metrics_path);
     srv_options_free(&o);
-    fprintf(stderr, "tensord: stopped\n");
+    srv_log(SRV_LOG_INFO, "stop", NULL, 0, "stopped");
     return 0;
 }

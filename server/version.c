@@ -19,8 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../engine/bundle.h"
+#include "../engine/ir/onnx.h"
 #include "codec.h"
 
 #define WARMUP_MAX_RECORDS 1000 /* TF Serving's limit */
@@ -112,22 +114,25 @@ static srv_code version_run(void *ctx, const srv_tensors *in, srv_tensors *out, 
     if (slow) atomic_fetch_add_explicit(&v->slow_runs, 1, memory_order_relaxed);
     if (c == SRV_OK) {
         pthread_mutex_lock(&v->run_mu);
-        int64_t t0 = srv_now_us();
+        int64_t t0 = srv_now_us(), r0 = srv_metrics_clock_ns(); /* r*: Triton statistics (srv_metrics_run) */
         eng_status st = eng_session_run(v->sess, nin, names, feeds, outs);
+        int64_t r1 = srv_metrics_clock_ns();
         if (st == ENG_STATUS_OK) { /* per-row run time, exponential average (1/8), run_mu held */
             int64_t ns = (srv_now_us() - t0) * 1000 / rows, old = atomic_load_explicit(&v->row_ns, memory_order_relaxed);
             atomic_store_explicit(&v->row_ns, old ? old + (ns - old) / 8 : (ns > 0 ? ns : 1), memory_order_relaxed);
         }
         if (st != ENG_STATUS_OK) {
             char pre[512];
-            snprintf(pre, sizeof pre, "model '%s' version %lld", v->model, (long long)v->version);
+            snprintf(pre, sizeof pre, "model '%s' version %lld: inference failed", v->model, (long long)v->version);
             c = srv_err_from_eng(err, st, pre);
         }
         for (int i = 0; i < v->sig.noutputs && c == SRV_OK; i++)
             if (srv_tensors_add_copy(out, v->sig.outputs[i].name, &outs[v->sig.out_index[i]]) != 0)
                 c = VERR(SRV_RESOURCE_EXHAUSTED, "cannot copy output '%s' (out of memory or too large)",
                          v->sig.outputs[i].name);
+        int64_t r2 = srv_metrics_clock_ns();
         pthread_mutex_unlock(&v->run_mu);
+        if (c == SRV_OK) srv_metrics_run(v->metrics, v->model, v->version, rows, r0, r1, r2);
     }
     if (slow) atomic_fetch_sub_explicit(&v->slow_runs, 1, memory_order_relaxed);
     if (c != SRV_OK) srv_tensors_free(out);
@@ -158,6 +163,14 @@ static srv_code check_input(const srv_version *v, const srv_io *io, const eng_te
         return VERR(SRV_INVALID_ARGUMENT, "input '%s': expected shape %s, got %s", io->name,
                     io->ndim >= 0 ? eng_shape_str(io->dims, io->ndim, a, sizeof a) : "(any)",
                     eng_shape_str(t->dims, t->ndim, b, sizeof b));
+    /* Zero-element inputs never reach the kernels (several have no zero-sized primitive): refused here, for
+     * every front door, rather than failing inside the run. */
+    for (int d = 0; d < t->ndim; d++)
+        if (t->dims[d] == 0)
+            return VERR(SRV_INVALID_ARGUMENT,
+                        d == 0 ? "input '%s': shape %s is an empty batch (dim 0 is 0): send at least one row"
+                               : "input '%s': shape %s has no elements (dim %d is 0): empty tensors are not served",
+                        io->name, eng_shape_str(t->dims, t->ndim, b, sizeof b), d);
     return SRV_OK;
 }
 
@@ -269,14 +282,23 @@ int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors
     return 1;
 }
 
-static srv_code version_warmup(srv_version *v, srv_error *err) {
-    char file[4096];
+static int version_cancelled(const srv_version_ctx *ctx) {
+    return ctx->cancel && atomic_load_explicit(ctx->cancel, memory_order_relaxed);
+}
+
+static srv_code version_warmup(const srv_version_ctx *ctx, srv_version *v, srv_error *err) {
+    char file[4096], why[SRV_ERR_MAX];
     if (snprintf(file, sizeof file, "%s/assets.extra/warmup.jsonl", v->path) >= (int)sizeof file)
         return VERR(SRV_INVALID_ARGUMENT, "warm-up path too long");
-    FILE *f = fopen(file, "rb");
+    int fd;
+    uint64_t size;
+    srv_code oc = srv_bundle_open(v->path, file, &fd, &size, why, sizeof why);
+    if (oc == SRV_NOT_FOUND) return SRV_OK;
+    if (oc != SRV_OK) return VERR(SRV_INVALID_ARGUMENT, "warm-up: %s", why);
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
-        if (errno == ENOENT) return SRV_OK;
-        return VERR(SRV_INVALID_ARGUMENT, "%s: cannot open: %s", file, strerror(errno));
+        close(fd);
+        return VERR(SRV_RESOURCE_EXHAUSTED, "%s: cannot open: %s", file, strerror(errno));
     }
     char *line = NULL;
     size_t cap = 0;
@@ -285,6 +307,10 @@ static srv_code version_warmup(srv_version *v, srv_error *err) {
     srv_code c = SRV_OK;
     while (c == SRV_OK && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
+        if (version_cancelled(ctx)) {
+            c = VERR(SRV_CANCELLED, "load cancelled during warm-up (at %s line %d)", file, lineno);
+            break;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ')) len--;
         size_t s = 0;
         while (s < (size_t)len && (line[s] == ' ' || line[s] == '\t')) s++;
@@ -339,6 +365,10 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
     }
     eng_bundle_path(v->path, plen, base, version, NULL); /* fits: plen covers any int64 */
     if ((c = srv_bundle_sig_read(model, version, v->path, &v->sig, err)) != SRV_OK) goto fail;
+    if (version_cancelled(ctx)) {
+        c = VERR(SRV_CANCELLED, "load cancelled");
+        goto fail;
+    }
     eng_session_opts so = {.nthreads = ctx->session_threads, .precision = v->sig.precision};
     if (ctx->batching) {
         /* Batches come in every size up to max_batch_size (or the allowed sizes): keep a plan per size, or
@@ -347,9 +377,21 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
         int64_t want = (ctx->batching->nallowed > 0 ? ctx->batching->nallowed : ctx->batching->max_batch_size) + 4;
         so.max_plans = (int)(want < 16 ? 16 : want > 68 ? 68 : want);
     }
-    char onnx[4200];
+    char onnx[4200], why[SRV_ERR_MAX];
     eng_status st = eng_bundle_path(onnx, sizeof onnx, base, version, ENG_BUNDLE_MODEL_FILE);
-    if (st == ENG_STATUS_OK) st = eng_session_new_file(onnx, &so, &v->sess);
+    if (st == ENG_STATUS_OK) { /* through the bundle opener: inside the version directory, regular, non-blocking */
+        char *buf;
+        size_t blen;
+        srv_code rc = srv_bundle_read(v->path, onnx, (size_t)INT32_MAX, &buf, &blen, why, sizeof why);
+        if (rc != SRV_OK) {
+            c = VERR(rc == SRV_RESOURCE_EXHAUSTED ? rc : SRV_INVALID_ARGUMENT, "%s", why); /* why names the file */
+            goto fail;
+        }
+        eng_graph *g0 = NULL;
+        st = eng_onnx_load_buffer(buf, blen, v->path, onnx, &g0);
+        free(buf);
+        if (st == ENG_STATUS_OK) st = eng_session_new_graph(g0, &so, &v->sess);
+    }
     if (st != ENG_STATUS_OK) {
         char pre[4400];
         snprintf(pre, sizeof pre, "model '%s' version %lld: loading %s", model, (long long)version, onnx);
@@ -372,7 +414,11 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
             goto fail;
         }
     }
-    if ((c = version_warmup(v, err)) != SRV_OK) goto fail;
+    if (version_cancelled(ctx)) {
+        c = VERR(SRV_CANCELLED, "load cancelled");
+        goto fail;
+    }
+    if ((c = version_warmup(ctx, v, err)) != SRV_OK) goto fail;
     v->info.load_ms = (double)(srv_now_us() - t0) / 1000.0;
     *out = v;
     return SRV_OK;

@@ -36,10 +36,12 @@ typedef struct srv_version_ctx {
     int session_threads;
     const srv_batch_opts *batching; /* NULL: off; must outlive the version */
     srv_metrics *metrics;        /* may be NULL */
+    const atomic_int *cancel;    /* may be NULL; once non-zero the load stops at its next step (CANCELLED) */
 } srv_version_ctx;
 
 /* Reads the signature, loads and plans model.onnx, starts the batcher, replays the warm-up file. No lock is
- * held. On success *out has one reference; on failure the half-built object was destroyed (so the registry
+ * held. Every file is opened through srv_bundle_open (never blocks; stays in the version directory). Checks
+ * ctx->cancel between steps and between warm-up records. On success *out has one reference; on failure the half-built object was destroyed (so the registry
  * was told through srv_registry_version_ended). Errors name model, version and file. */
 srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const char *base, int64_t version,
                           srv_version **out, srv_error *err);

@@ -1,33 +1,86 @@
-/* file-io.c - bounded whole-file reads, atomic writes, fsync by path, flat directory removal (see file-io.h). */
+/* file-io.c - bounded whole-file reads through one non-blocking opener, atomic writes, fsync by path, flat
+ * directory removal (see file-io.h). */
 #include "file-io.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+static const char *eng_file_kind(mode_t m) {
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a plain file";
+}
+
+/* 1 if the resolved path rp lies inside the resolved directory rroot. */
+static int eng_file_inside(const char *rp, const char *rroot) {
+    size_t n = strlen(rroot);
+    if (n == 1 && rroot[0] == '/') return rp[0] == '/';
+    return strncmp(rp, rroot, n) == 0 && rp[n] == '/';
+}
+
+eng_status eng_file_open_regular(const char *path, const char *root, int *fd, uint64_t *size) {
+    *fd = -1;
+    *size = 0;
+    char *rp = realpath(path, NULL);
+    if (!rp) {
+        int e = errno;
+        return eng_err(e == ENOENT ? ENG_STATUS_NOT_FOUND : ENG_STATUS_IO, "%s: cannot open: %s", path, strerror(e));
+    }
+    eng_status st = ENG_STATUS_OK;
+    if (root) {
+        char *rr = realpath(root, NULL);
+        if (!rr) st = eng_err(ENG_STATUS_IO, "%s: cannot resolve the directory '%s': %s", path, root, strerror(errno));
+        else if (!eng_file_inside(rp, rr))
+            st = eng_err(ENG_STATUS_INVALID_ARGUMENT, "'%s' resolves to '%s', outside the directory '%s'", path, rp, rr);
+        free(rr);
+    }
+    struct stat sb, fb;
+    if (st == ENG_STATUS_OK && stat(rp, &sb) != 0)
+        st = eng_err(errno == ENOENT ? ENG_STATUS_NOT_FOUND : ENG_STATUS_IO, "%s: cannot open: %s", path,
+                     strerror(errno));
+    if (st == ENG_STATUS_OK && !S_ISREG(sb.st_mode)) /* refused before open(): a device is never even opened */
+        st = eng_err(ENG_STATUS_IO, "'%s' is %s, not a regular file", path, eng_file_kind(sb.st_mode));
+    int f = -1;
+    if (st == ENG_STATUS_OK && (f = open(rp, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0)
+        st = eng_err(errno == ENOENT ? ENG_STATUS_NOT_FOUND : ENG_STATUS_IO, "%s: cannot open: %s", path,
+                     strerror(errno));
+    if (st == ENG_STATUS_OK && fstat(f, &fb) != 0)
+        st = eng_err(ENG_STATUS_IO, "%s: cannot stat: %s", path, strerror(errno));
+    else if (st == ENG_STATUS_OK && !S_ISREG(fb.st_mode)) /* replaced between stat() and open() */
+        st = eng_err(ENG_STATUS_IO, "'%s' is %s, not a regular file", path, eng_file_kind(fb.st_mode));
+    free(rp);
+    if (st != ENG_STATUS_OK) {
+        if (f >= 0) close(f);
+        return st;
+    }
+    *fd = f;
+    *size = (uint64_t)fb.st_size;
+    return ENG_STATUS_OK;
+}
+
 eng_status eng_file_read(const char *path, size_t limit, uint8_t **buf, size_t *len) {
     *buf = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return eng_err(errno == ENOENT ? ENG_STATUS_NOT_FOUND : ENG_STATUS_IO, "%s: cannot open: %s", path,
-                       strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    int fd;
+    uint64_t size;
+    ENG_TRY(eng_file_open_regular(path, NULL, &fd, &size));
+    if (size > limit) {
         close(fd);
-        return eng_err(ENG_STATUS_IO, "%s: not a regular file", path);
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "%s: file is %llu bytes, more than the limit of %zu", path,
+                       (unsigned long long)size, limit);
     }
-    if ((uint64_t)sb.st_size > limit) {
-        close(fd);
-        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "%s: file is %lld bytes, more than the limit of %zu", path,
-                       (long long)sb.st_size, limit);
-    }
-    size_t n = (size_t)sb.st_size;
+    size_t n = (size_t)size;
     uint8_t *b = malloc(n ? n : 1);
     if (!b) {
         close(fd);

@@ -5,6 +5,8 @@
  * Invariants: a reader never allocates more than the file's size (bounded by `limit`); a writer never leaves a
  * partial file at the destination path: either the old file or the complete new one is visible, and on failure
  * the temp file is removed. Errors name the path.
+ * Every read goes through eng_file_open_regular: a reader never blocks in open() (a FIFO, a device) and never
+ * reads anything but a regular file.
  */
 #ifndef ENG_FILE_IO_H
 #define ENG_FILE_IO_H
@@ -14,7 +16,15 @@
 
 #include "status.h"
 
-/* Read a whole regular file (at most `limit` bytes) into a malloc'd buffer (free with free()). */
+/* Open path for reading without blocking on it: symlinks resolved (with root non-NULL the resolved path must
+ * lie inside realpath(root), else INVALID_ARGUMENT naming both), nothing but a regular file opened, and that
+ * with O_RDONLY|O_NONBLOCK|O_CLOEXEC, so a FIFO or device never stalls the caller. Anything else is refused
+ * naming the path and what it is ("'p' is a FIFO, not a regular file"). *fd: close() it; *size: its size.
+ * NOT_FOUND when path does not exist. Thread-safe (the message goes to this thread's eng_last_error). */
+eng_status eng_file_open_regular(const char *path, const char *root, int *fd, uint64_t *size);
+
+/* Read a whole regular file (at most `limit` bytes) into a malloc'd buffer (free with free()). Opens it with
+ * eng_file_open_regular (no root). */
 eng_status eng_file_read(const char *path, size_t limit, uint8_t **buf, size_t *len);
 
 /* Directory part of path ("." if none, "/" for "/x"), malloc'd; NULL on allocation failure. */

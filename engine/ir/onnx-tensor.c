@@ -176,21 +176,17 @@ static eng_status eng_external_read(const Onnx__TensorProto *tp, const char *bas
                        tname, (unsigned long long)length, nbytes);
     char *full;
     ENG_TRY(eng_external_path(base_dir, loc, tname, &full));
-    int fd = open(full, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        eng_status st = eng_err(ENG_STATUS_IO, "tensor '%s': cannot open external data '%s': %s", tname, full,
-                                strerror(errno));
+    int fd;
+    uint64_t fsize;
+    eng_status st = eng_file_open_regular(full, base_dir, &fd, &fsize); /* never blocks on a FIFO */
+    if (st != ENG_STATUS_OK) {
         free(full);
-        return st;
+        return eng_err_prefix(st, "tensor '%s': external data: ", tname);
     }
-    struct stat sb;
-    eng_status st = ENG_STATUS_OK;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = eng_err(ENG_STATUS_IO, "tensor '%s': external data '%s' is not a regular file", tname, full);
-    } else if (off > (uint64_t)sb.st_size || nbytes > (uint64_t)sb.st_size - off) {
+    if (off > fsize || nbytes > fsize - off) {
         st = eng_err(ENG_STATUS_INVALID_MODEL,
-                     "tensor '%s': external data '%s' holds %lld bytes, too few for offset %llu + length %zu", tname,
-                     full, (long long)sb.st_size, (unsigned long long)off, nbytes);
+                     "tensor '%s': external data '%s' holds %llu bytes, too few for offset %llu + length %zu", tname,
+                     full, (unsigned long long)fsize, (unsigned long long)off, nbytes);
     } else {
         size_t got = 0;
         while (got < nbytes) {

@@ -1,11 +1,14 @@
 /* test_codec.c - unit tests of the REST codecs and metrics (server/json.c, codec-tfs.c, codec-kserve.c,
  * metrics.c): TF Serving row/columnar/b64 decoding and reply encoding, classify/regress, KServe v2 JSON and
  * binary bodies, hostile inputs (malformed JSON, 10,000 nesting levels, ragged lists, wrong names and
- * dtypes, absurd declared shapes), and Prometheus rendering.
+ * dtypes, absurd declared shapes), exact number bounds (every integer dtype's range to the last unit, through
+ * all four decoders: TF Serving and v2, fast and general path; overflowing floats refused; "NaN" strings in
+ * and out), and Prometheus rendering.
  *
  * The unit-test link has only libtensord.a (the engine), so the server sources under test are included here.
  */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,7 +124,7 @@ Test(json, floats_round_trip) {
     srv_buf b = {0};
     srv_buf_json_nested(&b, &t, 0, t.dims, 1);
     char *s = srv_buf_take(&b, NULL);
-    cr_expect_str_eq(s, "[0.1,0.33333334,16777216,-0,1.4013e-45,3.4028235e+38,NaN,Infinity,-Infinity]");
+    cr_expect_str_eq(s, "[0.1,0.33333334,16777216,-0,1.4013e-45,3.4028235e+38,\"NaN\",\"Infinity\",\"-Infinity\"]");
     free(s);
     double d[] = {0.1, 1.0 / 3};
     eng_tensor td = {.dtype = ENG_DTYPE_F64, .ndim = 1, .dims = {2}, .data = d};
@@ -551,6 +554,218 @@ Test(kserve, dtypes) {
     cr_expect_eq(srv_kserve_dtype_parse("fp32"), ENG_DTYPE_UNDEFINED);
     cr_expect_str_eq(srv_tf_dtype(ENG_DTYPE_F32), "DT_FLOAT");
     cr_expect_str_eq(srv_tf_dtype(ENG_DTYPE_I64), "DT_INT64");
+}
+
+/* ---- exact number bounds ---- */
+
+/* The four ways a number reaches a tensor: TF Serving fast list reader and cJSON path (named instances), KServe
+ * v2 fast reader and cJSON path (an extra "parameters" member). Each decodes "[a,b,c]" for x: dt [-1,3]. */
+static srv_code num_decode(int way, eng_dtype dt, const char *vals, srv_tensors *in, srv_error *err) {
+    srv_version_info info = info1(dt);
+    char body[2048];
+    const char *kd = srv_kserve_dtype(dt);
+    switch (way) {
+    case 0: snprintf(body, sizeof body, "{\"instances\":[[%s]]}", vals); break;
+    case 1: snprintf(body, sizeof body, "{\"instances\":[{\"x\":[%s]}]}", vals); break;
+    case 2: snprintf(body, sizeof body, "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"%s\",\"shape\":[1,3],\"data\":[%s]}]}",
+                     kd, vals); break;
+    default: snprintf(body, sizeof body, "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"%s\",\"shape\":[1,3],"
+                      "\"parameters\":{},\"data\":[%s]}]}", kd, vals); break;
+    }
+    memset(in, 0, sizeof *in);
+    memset(err, 0, sizeof *err);
+    if (way < 2) return srv_tfs_decode_predict(body, strlen(body), &info, in, NULL, err);
+    srv_kserve_req r;
+    srv_code c = srv_kserve_decode_infer(body, strlen(body), strlen(body), &info, in, &r, err);
+    srv_kserve_req_free(&r);
+    return c;
+}
+
+static void num_ok(eng_dtype dt, const char *vals, const void *want) {
+    for (int way = 0; way < 4; way++) {
+        srv_tensors in;
+        srv_error err;
+        cr_assert_eq(num_decode(way, dt, vals, &in, &err), SRV_OK, "%s [%s] way %d: %s", eng_dtype_name(dt), vals,
+                     way, err.msg);
+        cr_expect(memcmp(in.t[0].data, want, 3 * eng_dtype_size(dt)) == 0, "%s [%s] way %d: wrong values",
+                  eng_dtype_name(dt), vals, way);
+        srv_tensors_free(&in);
+    }
+}
+
+static void num_bad(eng_dtype dt, const char *vals, const char *needle1, const char *needle2) {
+    for (int way = 0; way < 4; way++) {
+        srv_tensors in;
+        srv_error err;
+        cr_expect_eq(num_decode(way, dt, vals, &in, &err), SRV_INVALID_ARGUMENT, "%s [%s] way %d accepted",
+                     eng_dtype_name(dt), vals, way);
+        cr_expect_eq(in.n, 0);
+        cr_expect(strstr(err.msg, "input 'x'") != NULL, "[%s] way %d: '%s' does not name the input", vals, way, err.msg);
+        if (needle1) cr_expect(strstr(err.msg, needle1) != NULL, "[%s] way %d: '%s' lacks '%s'", vals, way, err.msg, needle1);
+        if (needle2) cr_expect(strstr(err.msg, needle2) != NULL, "[%s] way %d: '%s' lacks '%s'", vals, way, err.msg, needle2);
+        srv_tensors_free(&in);
+    }
+}
+
+Test(numbers, int64_exact_bounds) {
+    int64_t w1[] = {INT64_MAX, INT64_MIN, 0};
+    num_ok(ENG_DTYPE_I64, "9223372036854775807,-9223372036854775808,-0", w1);
+    int64_t w2[] = {INT64_MAX, INT64_MAX - 1, 9007199254740993}; /* 2^53 + 1: no double holds it */
+    num_ok(ENG_DTYPE_I64, "9.223372036854775807e18,9223372036854775806,9007199254740993", w2);
+    int64_t w3[] = {100, 123, -1200};
+    num_ok(ENG_DTYPE_I64, "1e2,12300e-2,-1.2e3", w3);
+    num_bad(ENG_DTYPE_I64, "1,9223372036854775808,3", "out of range for int64", "9223372036854775808");
+    num_bad(ENG_DTYPE_I64, "1,2,-9223372036854775809", "-9223372036854775809", "[-9223372036854775808, 9223372036854775807]");
+    num_bad(ENG_DTYPE_I64, "1,2,1e19", "out of range", "1e19");
+    num_bad(ENG_DTYPE_I64, "1,2,1e400", "out of range", NULL);
+    num_bad(ENG_DTYPE_I64, "1,2,9223372036854775807.5", "expected an integer", NULL);
+    num_bad(ENG_DTYPE_I64, "1,2,1e-400", "expected an integer", NULL);
+    num_bad(ENG_DTYPE_I64, "1,2,1.5", "expected an integer", "1.5");
+    num_bad(ENG_DTYPE_I64, "1,2,\"NaN\"", "expected an integer", "string");
+    char big[600];
+    memset(big, '9', 400);
+    strcpy(big + 400, ",1,2");
+    num_bad(ENG_DTYPE_I64, big, "out of range", "400 characters");
+}
+
+Test(numbers, other_integer_bounds) {
+    int32_t i32[] = {INT32_MAX, INT32_MIN, 7};
+    num_ok(ENG_DTYPE_I32, "2147483647,-2147483648,7", i32);
+    num_bad(ENG_DTYPE_I32, "2147483648,0,0", "out of range for int32", "[-2147483648, 2147483647]");
+    num_bad(ENG_DTYPE_I32, "0,-2147483649,0", "-2147483649", NULL);
+    uint8_t u8[] = {255, 0, 0};
+    num_ok(ENG_DTYPE_U8, "255,0,-0", u8);
+    num_bad(ENG_DTYPE_U8, "256,0,0", "out of range for uint8", "[0, 255]");
+    num_bad(ENG_DTYPE_U8, "0,-1,0", "out of range", NULL);
+    int8_t i8[] = {127, -128, 0};
+    num_ok(ENG_DTYPE_I8, "127,-128,0", i8);
+    num_bad(ENG_DTYPE_I8, "-129,0,0", "out of range", NULL);
+    uint16_t u16[] = {65535, 0, 1};
+    num_ok(ENG_DTYPE_U16, "65535,0,1", u16);
+    num_bad(ENG_DTYPE_U16, "65536,0,0", "out of range", NULL);
+    int16_t i16[] = {32767, -32768, 1};
+    num_ok(ENG_DTYPE_I16, "32767,-32768,1", i16);
+    num_bad(ENG_DTYPE_I16, "32768,0,0", "out of range", NULL);
+    uint32_t u32[] = {UINT32_MAX, 0, 1};
+    num_ok(ENG_DTYPE_U32, "4294967295,0,1", u32);
+    num_bad(ENG_DTYPE_U32, "4294967296,0,0", "out of range", NULL);
+    uint64_t u64[] = {UINT64_MAX, 0, 10000000000000000000ull};
+    num_ok(ENG_DTYPE_U64, "18446744073709551615,0,1e19", u64);
+    num_bad(ENG_DTYPE_U64, "18446744073709551616,0,0", "out of range for uint64", "[0, 18446744073709551615]");
+    num_bad(ENG_DTYPE_U64, "-1,0,0", "out of range", NULL);
+}
+
+Test(numbers, floats_overflow_and_specials) {
+    num_bad(ENG_DTYPE_F32, "1e400,0,0", "1e400", "overflows");
+    num_bad(ENG_DTYPE_F32, "0,-1e400,0", "out of range", NULL);
+    num_bad(ENG_DTYPE_F64, "1e400,0,0", "overflows", NULL);
+    num_bad(ENG_DTYPE_F32, "1e39,0,0", "out of range for float32", "3.4028235e+38");
+    num_bad(ENG_DTYPE_F32, "3.4028236e38,0,0", "out of range for float32", NULL);
+    char big[600];
+    memset(big, '1', 400);
+    strcpy(big + 400, ",0,0");
+    num_bad(ENG_DTYPE_F32, big, "out of range", "400 characters");
+    num_bad(ENG_DTYPE_F64, big, "out of range", NULL);
+    num_bad(ENG_DTYPE_F32, "\"inf\",0,0", "expected a number", NULL);
+    num_bad(ENG_DTYPE_F32, "\"nan\",0,0", "expected a number", NULL);
+    float f1[] = {FLT_MAX, -FLT_MAX, 0};
+    num_ok(ENG_DTYPE_F32, "3.4028235e38,-3.40282356e38,0", f1); /* the second rounds to the largest float */
+    double d1[] = {1e39, -1e308, 5e-324};
+    num_ok(ENG_DTYPE_F64, "1e39,-1e308,5e-324", d1);
+    num_bad(ENG_DTYPE_F16, "65520,0,0", "out of range for float16", "65504");
+    for (int way = 0; way < 4; way++) { /* the strings a reply carries are read back as the same values */
+        srv_tensors in;
+        srv_error err;
+        cr_assert_eq(num_decode(way, ENG_DTYPE_F32, "\"NaN\",\"Infinity\",\"-Infinity\"", &in, &err), SRV_OK,
+                     "way %d: %s", way, err.msg);
+        const float *v = in.t[0].data;
+        cr_expect(isnan(v[0]) && isinf(v[1]) && v[1] > 0 && isinf(v[2]) && v[2] < 0, "way %d", way);
+        srv_tensors_free(&in);
+        cr_assert_eq(num_decode(way, ENG_DTYPE_F64, "\"NaN\",1,\"-Infinity\"", &in, &err), SRV_OK, "%s", err.msg);
+        cr_expect(isnan(((double *)in.t[0].data)[0]));
+        srv_tensors_free(&in);
+    }
+}
+
+Test(numbers, text_and_int64_helper) {
+    int neg;
+    uint64_t mag;
+    cr_expect_eq(srv_text_int("0.0e5", 5, &neg, &mag), SRV_JINT_OK);
+    cr_expect_eq(mag, 0);
+    cr_expect_eq(srv_text_int("-1.2300e2", 9, &neg, &mag), SRV_JINT_OK);
+    cr_expect(neg && mag == 123);
+    cr_expect_eq(srv_text_int("123e-2", 6, &neg, &mag), SRV_JINT_FRACTION);
+    cr_expect_eq(srv_text_int("1e999999999999", 14, &neg, &mag), SRV_JINT_HUGE);
+    cr_expect_eq(srv_text_int("1e-999999999999", 15, &neg, &mag), SRV_JINT_FRACTION);
+    cr_expect_eq(srv_text_int("0.00000000000000000000000001e26", 31, &neg, &mag), SRV_JINT_OK);
+    cr_expect_eq(mag, 1);
+    /* srv_json_parse keeps the text of long numbers, in document order, past strings full of digits */
+    const char *b = "{\"k-1\":\"9223372036854775807 \\\" -5e5\",\"v\":[9223372036854775807,1.5,9223372036854775808,"
+                    "-9223372036854775808,4611686018427387905,\"x\",1e2,{\"w\":-9223372036854775809}]}";
+    srv_error err = {0};
+    cJSON *j = srv_json_parse(b, strlen(b), &err);
+    cr_assert(j, "%s", err.msg);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "v");
+    int64_t x = 0;
+    cr_expect(srv_json_int64(cJSON_GetArrayItem(v, 0), &x) && x == INT64_MAX);
+    cr_expect_not(srv_json_int64(cJSON_GetArrayItem(v, 1), &x));
+    cr_expect_not(srv_json_int64(cJSON_GetArrayItem(v, 2), &x));
+    cr_expect(srv_json_int64(cJSON_GetArrayItem(v, 3), &x) && x == INT64_MIN);
+    cr_expect(srv_json_int64(cJSON_GetArrayItem(v, 4), &x) && x == 4611686018427387905);
+    cr_expect_not(srv_json_int64(cJSON_GetArrayItem(v, 5), &x));
+    cr_expect(srv_json_int64(cJSON_GetArrayItem(v, 6), &x) && x == 100);
+    cr_expect_not(srv_json_int64(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(v, 7), "w"), &x));
+    cr_expect(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "k-1")));
+    cr_expect_not_null(cJSON_GetArrayItem(v, 0)->valuestring, "2^63-1 needs its text");
+    cr_expect_null(cJSON_GetArrayItem(v, 1)->valuestring, "1.5 needs no text");
+    cr_expect_null(cJSON_GetArrayItem(v, 6)->valuestring, "1e2 reads exactly as a double: no text kept");
+    /* tokens and nodes that do not pair up (here: one token too many) leave no text at all */
+    const char *b2 = "{\"v\":[9223372036854775807,1]}";
+    cJSON *j2 = srv_json_parse(b2, strlen(b2), &err);
+    cr_assert(j2, "%s", err.msg);
+    cr_expect_not_null(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j2, "v"), 0)->valuestring);
+    const char *b3 = "{\"v\":[9223372036854775807,1,2]}";
+    cr_expect_eq(srv_json_attach_texts(j2, b3, strlen(b3)), 0);
+    cr_expect_null(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j2, "v"), 0)->valuestring);
+    cJSON_Delete(j2);
+    cJSON_Delete(j);
+    /* a body of long floats (as json.dumps writes float64s) keeps no texts: no allocation per number */
+    const char *b4 = "[0.12573022246360779,-0.13210486329130001,6.4042265112136694e-01,1.2e-05]";
+    cJSON *j4 = srv_json_parse(b4, strlen(b4), &err);
+    cr_assert(j4, "%s", err.msg);
+    for (const cJSON *c = j4->child; c; c = c->next) cr_expect_null(c->valuestring, "%.17g kept its text", c->valuedouble);
+    cJSON_Delete(j4);
+    /* a v2 shape entry is exact: 2^62 + 1 is refused, not rounded down to 2^62 */
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    ks_bad("{\"inputs\":[{\"name\":\"x\",\"shape\":[4611686018427387905,3],\"datatype\":\"FP32\",\"data\":[1]}]}",
+           &info, "non-negative integers");
+}
+
+Test(numbers, non_finite_replies_are_strict_json) {
+    float f[] = {NAN, INFINITY, -INFINITY, 1.5f};
+    srv_version_info info = info1(ENG_DTYPE_F32);
+    srv_tensors out = {0};
+    add_f32(&out, "y", 2, (int64_t[]){2, 2}, f);
+    srv_error err = {0};
+    size_t len, hl;
+    char *s = srv_tfs_encode_predict(&info, &out, SRV_TFS_ROW, &len, &err);
+    cr_expect_str_eq(s, "{\"predictions\":[[\"NaN\",\"Infinity\"],[\"-Infinity\",1.5]]}");
+    free(s);
+    s = srv_tfs_encode_regress(&info, &(srv_tensors){.n = 1, .names = out.names, .t = &(eng_tensor){
+                                   .dtype = ENG_DTYPE_F32, .ndim = 1, .dims = {2}, .data = f}}, &len, &err);
+    cr_expect_str_eq(s, "{\"results\":[\"NaN\",\"Infinity\"]}");
+    free(s);
+    s = srv_kserve_encode_infer(&info, &out, NULL, &len, &hl, &err);
+    cr_expect(strstr(s, "\"data\":[\"NaN\",\"Infinity\",\"-Infinity\",1.5]") != NULL, "%s", s);
+    free(s);
+    double d[] = {NAN, -INFINITY};
+    eng_tensor td = {.dtype = ENG_DTYPE_F64, .ndim = 1, .dims = {2}, .data = d};
+    srv_buf b = {0};
+    srv_buf_json_nested(&b, &td, 0, td.dims, 1);
+    s = srv_buf_take(&b, NULL);
+    cr_expect_str_eq(s, "[\"NaN\",\"-Infinity\"]");
+    free(s);
+    srv_tensors_free(&out);
 }
 
 /* ---- metrics ---- */
