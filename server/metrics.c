@@ -422,7 +422,7 @@ int64_t srv_metrics_clock_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* The last engine run on this thread (srv_metrics_run / srv_metrics_run_last). */
+/* The last engine run on this thread (srv_metrics_run / srv_infer_times_run). */
 static _Thread_local struct {
     int64_t start, infer_end, end;
 } srv_m_last_run;
@@ -468,12 +468,14 @@ void srv_metrics_run(srv_metrics *m, const char *model, int64_t version, int64_t
     pthread_mutex_unlock(&m->mu);
 }
 
-int srv_metrics_run_last(int64_t since_ns, int64_t *start_ns, int64_t *infer_end_ns, int64_t *end_ns) {
-    if (srv_m_last_run.end <= 0 || srv_m_last_run.start < since_ns) return 0;
-    *start_ns = srv_m_last_run.start;
-    *infer_end_ns = srv_m_last_run.infer_end;
-    *end_ns = srv_m_last_run.end;
-    return 1;
+void srv_infer_times_run(srv_infer_times *t, int64_t decoded_ns) {
+    if (srv_m_last_run.end > 0 && srv_m_last_run.start >= decoded_ns) {
+        t->queue_ns = srv_m_last_run.start - decoded_ns;
+        t->infer_ns = srv_m_last_run.infer_end - srv_m_last_run.start;
+        t->output_ns = srv_m_last_run.end - srv_m_last_run.infer_end;
+    } else {
+        t->infer_ns = srv_metrics_clock_ns() - decoded_ns;
+    }
 }
 
 static void srv_metrics_hist(srv_metrics *m, int fi, const char *model, int64_t version, double v) {

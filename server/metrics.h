@@ -66,9 +66,10 @@ int64_t srv_metrics_clock_ns(void);
  * or UNLOADING: warm-up runs are not counted) and remembers the times for the calling thread. m may be NULL. */
 void srv_metrics_run(srv_metrics *m, const char *model, int64_t version, int64_t rows, int64_t start_ns,
                      int64_t infer_end_ns, int64_t end_ns);
-/* The calling thread's last srv_metrics_run, if it started at or after since_ns (so it ran for a request
- * decoded by then: an inline run, or the batch a batch worker just ran): 1 with its times, else 0. */
-int srv_metrics_run_last(int64_t since_ns, int64_t *start_ns, int64_t *infer_end_ns, int64_t *end_ns);
+/* Fill t's queue, infer and output times for a request decoded at decoded_ns and run by now: from the calling
+ * thread's last srv_metrics_run when it started at or after decoded_ns (an inline run, or the batch a batch
+ * worker just ran), else (run on a thread this one cannot see: a blocking batched predict) all of it as infer. */
+void srv_infer_times_run(srv_infer_times *t, int64_t decoded_ns);
 
 void srv_metrics_queue(srv_metrics *m, const char *model, int64_t version, int64_t queue_us);
 void srv_metrics_batch(srv_metrics *m, const char *model, int64_t version, int64_t rows, int64_t padded_rows);

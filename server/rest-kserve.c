@@ -162,14 +162,8 @@ static void srv_kserve_finish(const srv_rest_req *q, const char *model, srv_vers
         srv_infer_times tm = {.input_ns = input_ns};
         if (rc == SRV_OK && !done) rc = srv_version_predict(v, in, outp, q->deadline_us, err);
         if (rc == SRV_OK) {
-            int64_t t1 = srv_metrics_clock_ns(), rs, ri, re;
-            if (srv_metrics_run_last(dec_end_ns, &rs, &ri, &re)) { /* this thread ran it, or its batch */
-                tm.queue_ns = rs - dec_end_ns;
-                tm.infer_ns = ri - rs;
-                tm.output_ns = re - ri;
-            } else { /* run on a thread this one cannot see (a blocking batched predict): all of it is the run */
-                tm.infer_ns = t1 - dec_end_ns;
-            }
+            int64_t t1 = srv_metrics_clock_ns(); /* the encode below counts as output */
+            srv_infer_times_run(&tm, dec_end_ns);
             int64_t mb = srv_kserve_max_batch(info, srv_registry_batching(q->r->reg));
             kr->batch_first = mb > 0;
             tm.rows = srv_kserve_rows(in, mb);
