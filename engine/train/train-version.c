@@ -3,16 +3,21 @@
  * Everything is built in the directory engine/bundle.c stages, <base>/.tmp-<N+1>-<pid>/: model.onnx (the base
  * graph with the trained initializer values and BatchNorm running statistics), metrics.json (with
  * "preprocessing": what eng_dataset_fit did to each column), signature.json (the base's, if any, with the same
- * "preprocessing"; eng_bundle_sig_derive). Each file is written atomically; eng_bundle_publish then fsyncs them
+ * "preprocessing"; eng_bundle_sig_derive), and what the base version's signature and warm-up need that the
+ * new version needs as well: the labels_file its signature.json names and assets.extra/warmup.jsonl (the same
+ * inputs, so the same warm-up requests), copied byte for byte. Each file is written atomically; eng_bundle_publish then fsyncs them
  * and the directory, renames it to <base>/<N+1> without replacing anything and fsyncs the base. On any error
  * the temp directory and what it holds are removed, so readers see a complete version or none. JSON is
  * written with cJSON (NaN becomes null).
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../bundle.h"
 #include "../ir/file-io.h"
@@ -99,6 +104,79 @@ static eng_status write_text(const char *dir, const char *name, const char *txt)
     return trn_write_file(p, txt, strlen(txt));
 }
 
+#define TRN_EXTRA_DIR "assets.extra"
+#define TRN_WARMUP_FILE TRN_EXTRA_DIR "/warmup.jsonl"
+#define TRN_COPY_LIMIT ((size_t)256 << 20)
+
+/* Copy <from>/<rel> to <to>/<rel> if it exists (a regular file inside <from>: eng_file_open_regular). */
+static eng_status trn_copy_extra(const char *from, const char *to, const char *rel) {
+    char src[4400], dst[4400];
+    snprintf(src, sizeof src, "%s/%s", from, rel);
+    snprintf(dst, sizeof dst, "%s/%s", to, rel);
+    int fd;
+    uint64_t size;
+    eng_status st = eng_file_open_regular(src, from, &fd, &size);
+    if (st == ENG_STATUS_NOT_FOUND) {
+        eng_err_clear();
+        return ENG_STATUS_OK;
+    }
+    if (st != ENG_STATUS_OK) return st;
+    close(fd);
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    ENG_TRY(eng_file_read(src, TRN_COPY_LIMIT, &buf, &n));
+    const char *slash = strchr(rel, '/');
+    if (slash) { /* one directory level: assets.extra/ */
+        char d[4400];
+        snprintf(d, sizeof d, "%s/%.*s", to, (int)(slash - rel), rel);
+        if (mkdir(d, 0755) != 0 && errno != EEXIST) {
+            free(buf);
+            return eng_err(ENG_STATUS_IO, "cannot create '%s': %s", d, strerror(errno));
+        }
+    }
+    st = trn_write_file(dst, buf, n);
+    free(buf);
+    if (st == ENG_STATUS_OK && slash) {
+        char d[4400];
+        snprintf(d, sizeof d, "%s/%.*s", to, (int)(slash - rel), rel);
+        st = eng_file_sync(d);
+    }
+    return st;
+}
+
+/* The labels_file the base version's signature.json names (a plain file name, as the server requires), or
+ * "" when there is none. */
+static eng_status trn_labels_file(const char *vdir, char *out, size_t cap) {
+    out[0] = 0;
+    char p[4400];
+    snprintf(p, sizeof p, "%s/" ENG_BUNDLE_SIGNATURE_FILE, vdir);
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    eng_status st = eng_file_read(p, (size_t)16 << 20, &buf, &n);
+    if (st == ENG_STATUS_NOT_FOUND) {
+        eng_err_clear();
+        return ENG_STATUS_OK;
+    }
+    if (st != ENG_STATUS_OK) return st;
+    cJSON *root = cJSON_ParseWithLength((const char *)buf, n);
+    free(buf);
+    const cJSON *lf = root ? cJSON_GetObjectItemCaseSensitive(root, "labels_file") : NULL;
+    if (cJSON_IsString(lf) && lf->valuestring[0] && !strchr(lf->valuestring, '/') && strcmp(lf->valuestring, ".") &&
+        strcmp(lf->valuestring, "..") && strlen(lf->valuestring) < cap)
+        snprintf(out, cap, "%s", lf->valuestring);
+    cJSON_Delete(root);
+    return ENG_STATUS_OK;
+}
+
+/* Remove what trn_copy_extra put below tmp (eng_file_remove_dir removes one flat directory). */
+static void trn_remove_extras(const char *tmp) {
+    char p[4400];
+    snprintf(p, sizeof p, "%s/" TRN_WARMUP_FILE, tmp);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/" TRN_EXTRA_DIR, tmp);
+    rmdir(p);
+}
+
 eng_status trn_write_version(trn_ctx *c, eng_train_result *res) {
     char tmp[4300], dst[4300], p[4400];
     ENG_TRY(eng_bundle_path(dst, sizeof dst, c->base, c->new_version, NULL));
@@ -134,8 +212,16 @@ eng_status trn_write_version(trn_ctx *c, eng_train_result *res) {
         if (st == ENG_STATUS_OK) st = write_text(tmp, ENG_BUNDLE_SIGNATURE_FILE, s);
         free(s);
     }
+    if (st == ENG_STATUS_OK) { /* the base version's labels and warm-up requests serve the new one too */
+        char from[4300], labels[256];
+        st = eng_bundle_path(from, sizeof from, c->base, c->base_version, NULL);
+        if (st == ENG_STATUS_OK) st = trn_labels_file(from, labels, sizeof labels);
+        if (st == ENG_STATUS_OK && labels[0]) st = trn_copy_extra(from, tmp, labels);
+        if (st == ENG_STATUS_OK) st = trn_copy_extra(from, tmp, TRN_WARMUP_FILE);
+    }
     if (st == ENG_STATUS_OK) st = eng_bundle_publish(c->base, c->new_version, tmp);
     if (st != ENG_STATUS_OK) {
+        trn_remove_extras(tmp);
         eng_file_remove_dir(tmp); /* a no-op once renamed (only the base's fsync failed) */
         return eng_err_prefix(st, "writing version %lld: ", (long long)c->new_version);
     }

@@ -377,6 +377,7 @@ def test_explicit_mode_needs_the_admin_token(tmp_path):
         for action in ("load", "unload"):
             r = srv.post(f"/v2/repository/models/m/{action}", data="{}")
             u.check_error(r, 401, "token")
+            assert r.headers.get("WWW-Authenticate", "").startswith("Bearer"), r.headers
             r = srv.post(f"/v2/repository/models/m/{action}", data="{}",
                          headers={"Authorization": "Bearer " + token[:-1] + "X"})
             u.check_error(r, 401, "token")

@@ -400,3 +400,37 @@ def test_two_tower_binary_crossentropy(tensord_bin, tmp_path):
     ep = json.load(open(os.path.join(base, "2", "metrics.json")))["epochs"]
     assert ep[-1]["loss"] < 0.5 * ep[0]["loss"], ep
     assert ep[-1]["val_accuracy"] > 0.9, ep
+
+
+def test_trained_version_keeps_labels_and_warmup(tensord_bin, tmp_path):
+    """The base version's labels_file (named in its signature.json) and assets.extra/warmup.jsonl are copied into
+    the version tensord train writes, so it loads and warms up like the base (before, the new version's
+    signature.json named a labels file that was not there)."""
+    import serving_util as su
+
+    base = str(tmp_path / "m")
+    init(tensord_bin, base)
+    v1 = os.path.join(base, "1")
+    sig_path = os.path.join(v1, "signature.json")
+    sig = json.load(open(sig_path)) if os.path.exists(sig_path) else {}
+    sig["labels_file"] = "classes.txt"
+    with open(sig_path, "w") as f:
+        json.dump(sig, f)
+    labels = "north\neast\nsouth\nwest\n"
+    with open(os.path.join(v1, "classes.txt"), "w") as f:
+        f.write(labels)
+    os.makedirs(os.path.join(v1, "assets.extra"))
+    warm = json.dumps({"instances": np.zeros((2, 16), np.float32).tolist()}) + "\n"
+    with open(os.path.join(v1, "assets.extra", "warmup.jsonl"), "w") as f:
+        f.write(warm)
+    data = blobs(str(tmp_path / "d.npz"))
+    cp = train(tensord_bin, base, data, "--epochs", 1)
+    assert cp.returncode == 0, cp.stderr
+    v2 = os.path.join(base, "2")
+    assert open(os.path.join(v2, "classes.txt")).read() == labels
+    assert open(os.path.join(v2, "assets.extra", "warmup.jsonl")).read() == warm
+    assert json.load(open(os.path.join(v2, "signature.json"))).get("labels_file") == "classes.txt"
+    assert not glob.glob(os.path.join(base, ".tmp-*")), os.listdir(base)
+    with su.Server(tmp_path, base_path=base) as s:
+        st = s.get("/v1/models/m").json()["model_version_status"][0]
+        assert st["version"] == "2" and st["state"] == "AVAILABLE", st
