@@ -34,6 +34,7 @@ static const opt_def opt_table[] = {
     {"allow_version_labels_for_unavailable_models", OPT_BOOL, O(allow_version_labels_for_unavailable_models)},
     {"rest_api_num_threads", OPT_INT, O(rest_api_num_threads)},
     {"tensorflow_intra_op_parallelism", OPT_INT, O(session_threads)},
+    {"instances_per_version", OPT_INT, O(instances_per_version)},
     {"rest_api_max_body_bytes", OPT_I64, O(max_body_bytes)},
     {"rest_api_connection_limit", OPT_INT, O(connection_limit)},
     {"rest_api_connection_timeout_seconds", OPT_INT, O(connection_timeout_s)},
@@ -117,6 +118,7 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     o->header_timeout_s = 10;
     o->per_ip_connection_limit = 256;
     o->model_load_timeout_s = 600;
+    o->instances_per_version = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0)
@@ -162,6 +164,9 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     if (o->header_timeout_s < 1) return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_header_timeout_seconds must be >= 1");
     if (o->per_ip_connection_limit < 1)
         return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_per_ip_connection_limit must be >= 1");
+    if (o->instances_per_version != -1 && (o->instances_per_version < 1 || o->instances_per_version > SRV_MAX_INSTANCES))
+        return srv_err(err, SRV_INVALID_ARGUMENT, "--instances_per_version must be 1..%d, got %d", SRV_MAX_INSTANCES,
+                       o->instances_per_version);
     if (o->model_load_timeout_s <= 0) return srv_err(err, SRV_INVALID_ARGUMENT, "--model_load_timeout_seconds must be > 0");
     if (o->log_format && strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0)
         return srv_err(err, SRV_INVALID_ARGUMENT, "--log_format: expected text or json, got '%s'", o->log_format);
@@ -231,6 +236,14 @@ static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, 
                            what, name);
         }
     }
+    int64_t ic = 0;
+    int icr = srv_tp_int(m, "instance_count", &ic, err); /* tensord's: Triton's instance_group { count } */
+    if (icr == -2 || (icr == 0 && (ic < 1 || ic > SRV_MAX_INSTANCES))) {
+        const srv_tp *f = srv_tp_get(m, "instance_count", 0);
+        return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': instance_count must be an integer 1..%d, got '%s'",
+                       what, name, SRV_MAX_INSTANCES, f->scalar ? f->scalar : "{...}");
+    }
+    c->instance_count = icr == 0 ? (int)ic : 0;
     int nl = srv_tp_count(m, "version_labels");
     /* text format: repeated { key: 'a' value: 1 }; JSON map: "version_labels": {"a": 1, ...} */
     int total = 0;

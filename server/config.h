@@ -1,6 +1,6 @@
 /* config.h - tensord serve's command line (TF Serving's flag names) and its config files:
  * --model_config_file (TF Serving's model_config_list in protobuf text format, or the same structure as
- * JSON), --batching_parameters_file and --monitoring_config_file (text format). Env MODEL_NAME and
+ * JSON; tensord adds `instance_count` to a model's config, Triton's instance_group count), --batching_parameters_file and --monitoring_config_file (text format). Env MODEL_NAME and
  * MODEL_BASE_PATH work as in TF Serving's Docker image (used when no model flags are given).
  */
 #ifndef SRV_CONFIG_H
@@ -25,6 +25,8 @@ typedef struct srv_options {
     int allow_version_labels_for_unavailable_models;
     int rest_api_num_threads;          /* HTTP polling threads; 0 (default): 4 per core */
     int session_threads;               /* --tensorflow_intra_op_parallelism (threads per run), 0 all */
+    int instances_per_version;         /* --instances_per_version (1..64): execution instances of a version; -1 (not
+                                        * given): max(1, usable cores / session_threads) */
     int64_t max_body_bytes;            /* --rest_api_max_body_bytes, 64 MiB */
     int connection_limit;              /* --rest_api_connection_limit, 2048 */
     int connection_timeout_s;          /* --rest_api_connection_timeout_seconds, 30 */

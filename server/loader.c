@@ -61,7 +61,7 @@ static void *loader_main(void *arg) {
     srv_log(SRV_LOG_INFO, "load_start", l->model, l->version, "loading %s/%lld (timeout %g s)", l->base,
             (long long)l->version, reg_load_timeout_s(r));
     srv_version_ctx ctx = {.reg = r, .id = l->id, .session_threads = r->opts.session_threads,
-                           .batching = r->opts.batching, .metrics = NULL, .cancel = &l->cancel};
+                           .instances = l->instances, .batching = r->opts.batching, .metrics = NULL, .cancel = &l->cancel};
     srv_version *v = NULL;
     srv_error err = {0};
     srv_code c = srv_version_load(&ctx, l->model, l->base, l->version, &v, &err);
@@ -97,6 +97,7 @@ static void *loader_main(void *arg) {
             reg_set_error(e, SRV_OK, NULL);
             if (r->opts.metrics) {
                 srv_metrics_load(r->opts.metrics, l->model, l->version, v->info.load_ms, v->info.weight_bytes);
+                srv_version_metrics_instances(v);
                 srv_metrics_swap(r->opts.metrics, l->model, l->version, "load");
                 srv_metrics_state(r->opts.metrics, l->model, l->version, SRV_STATE_AVAILABLE);
             }
@@ -111,8 +112,9 @@ static void *loader_main(void *arg) {
     }
     pthread_mutex_unlock(&r->mu);
     if (kept && c == SRV_OK)
-        srv_log(SRV_LOG_INFO, "load", l->model, l->version, "loaded in %.1f ms, %zu weight bytes, from %s",
-                load_ms, wbytes, path);
+        srv_log(SRV_LOG_INFO, "load", l->model, l->version,
+                "loaded in %.1f ms, %zu weight bytes, %d execution instance%s, from %s", load_ms, wbytes, l->instances,
+                l->instances == 1 ? "" : "s", path);
     else if (kept)
         srv_log(SRV_LOG_ERROR, "load_failed", l->model, l->version, "%s (after %.2f s)",
                 loader_reason(err.msg, l->model, l->version), secs);
@@ -153,6 +155,8 @@ int reg_load_start(srv_registry *r, reg_model *m, reg_ver *e, const srv_bundle_s
         l->r = r;
         l->gen = m->gen;
         l->version = e->version;
+        l->instances = srv_instances_resolve(m->cfg.instance_count, r->opts.instances_per_version,
+                                             r->opts.session_threads);
         l->id = ++r->next_id;
         if (stamp) l->stamp = *stamp;
         l->start_us = srv_now_us();

@@ -66,7 +66,7 @@ typedef struct srv_family {
 
 enum {
     SRV_F_REQ_COUNT, SRV_F_REQ_LAT, SRV_F_QUEUE, SRV_F_BATCH, SRV_F_PADDED, SRV_F_LOAD, SRV_F_SWAP,
-    SRV_F_WEIGHTS, SRV_F_STATE, SRV_F_COUNT
+    SRV_F_WEIGHTS, SRV_F_STATE, SRV_F_INSTANCES, SRV_F_INSTANCE_BYTES, SRV_F_COUNT
 };
 
 /* Triton's inference_stats entries, in its order. */
@@ -181,11 +181,20 @@ srv_metrics *srv_metrics_new(void) {
                         SRV_M_GAUGE},
         [SRV_F_SWAP] = {"tensord_model_swap_count", "Version lifecycle events (load, unload, load_failed).",
                         SRV_M_COUNTER},
-        [SRV_F_WEIGHTS] = {"tensord_model_weights_bytes", "Bytes of weights held by a loaded version.", SRV_M_GAUGE},
+        [SRV_F_WEIGHTS] = {"tensord_model_weights_bytes",
+                           "Bytes of weights of a loaded version (one copy: each execution instance holds its own, "
+                           "see tensord_model_instance_bytes).", SRV_M_GAUGE},
         [SRV_F_STATE] = {"tensord_model_version_state",
                          "Version state (TF Serving numbering: 10 start, 20 loading, 30 available, 40 unloading, "
                          "50 end).",
                          SRV_M_GAUGE},
+        [SRV_F_INSTANCES] = {"tensord_model_instances",
+                             "Execution instances of a loaded version (requests to it that run at once).", SRV_M_GAUGE},
+        [SRV_F_INSTANCE_BYTES] = {"tensord_model_instance_bytes",
+                                  "Bytes held by one execution instance, as the engine reports them: its copy of the "
+                                  "weights plus the largest activation arena of a plan it has run. Not counted: "
+                                  "kernels' packed weight copies, other cached plans' arenas, per-run scratch.",
+                                  SRV_M_GAUGE},
     };
     memcpy(m->f, init, sizeof init);
     return m;
@@ -342,6 +351,17 @@ static srv_series *srv_series_get(srv_metrics *m, int fi, const char *labels, co
     f->n++;
     f->nother += !reserved;
     return s;
+}
+
+/* Rebuild f's index after series were removed (f->n only shrank). */
+static void srv_family_reindex(srv_family *f) {
+    if (srv_mindex_build(&f->ix, f->s, sizeof *f->s, f->n, f->n + 1) == 0) return;
+    memset(f->ix.slot, 0, ((size_t)f->ix.mask + 1) * sizeof *f->ix.slot); /* OOM: rebuild in place */
+    for (int j = 0; j < f->n; j++) {
+        uint32_t s = (uint32_t)f->s[j].k.hash & f->ix.mask;
+        while (f->ix.slot[s]) s = (s + 1) & f->ix.mask;
+        f->ix.slot[s] = j + 1;
+    }
 }
 
 /* 1 if (model, version) is live; base holds its base labels. */
@@ -515,6 +535,55 @@ void srv_metrics_load(srv_metrics *m, const char *model, int64_t version, double
     srv_metrics_set(m, SRV_F_WEIGHTS, model, version, NULL, (double)weight_bytes, 0);
 }
 
+/* Under m->mu: the instance-bytes series of (model, version) for instance idx; labels in lb. */
+static srv_series *srv_instance_series(srv_metrics *m, const char *model, int64_t version, int idx, char *lb) {
+    char base[SRV_LABELS_MAX], is[16];
+    size_t k = srv_base_labels(base, model, version);
+    memcpy(lb, base, k + 1);
+    snprintf(is, sizeof is, "%d", idx);
+    srv_label(lb, &k, "instance", is);
+    return srv_series_get(m, SRV_F_INSTANCE_BYTES, lb, model, version, srv_reserved(m, base, version));
+}
+
+void srv_metrics_instances(srv_metrics *m, const char *model, int64_t version, int n, const size_t *bytes) {
+    if (!m) return;
+    srv_metrics_set(m, SRV_F_INSTANCES, model, version, NULL, n, 0);
+    char lb[SRV_LABELS_MAX];
+    const char *mn = model ? model : "";
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < n; i++) {
+        srv_series *s = srv_instance_series(m, model, version, i, lb);
+        if (s && (double)bytes[i] > s->value) s->value = (double)bytes[i];
+    }
+    /* instances past n (an earlier object of this version number had more) */
+    srv_family *f = &m->f[SRV_F_INSTANCE_BYTES];
+    int w = 0;
+    for (int j = 0; j < f->n; j++) {
+        srv_series *s = &f->s[j];
+        const char *ip = strstr(s->k.key, ",instance=\"");
+        if (s->version == version && strcmp(s->model, mn) == 0 && ip && atoi(ip + 11) >= n) {
+            f->nother -= !s->reserved;
+            srv_series_free(s);
+        } else {
+            f->s[w++] = *s;
+        }
+    }
+    if (w != f->n) {
+        f->n = w;
+        srv_family_reindex(f);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_instance_bytes(srv_metrics *m, const char *model, int64_t version, int idx, size_t bytes) {
+    if (!m) return;
+    char lb[SRV_LABELS_MAX];
+    pthread_mutex_lock(&m->mu);
+    srv_series *s = srv_instance_series(m, model, version, idx, lb);
+    if (s && (double)bytes > s->value) s->value = (double)bytes;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_swap(srv_metrics *m, const char *model, int64_t version, const char *event) {
     srv_metrics_set(m, SRV_F_SWAP, model, version, event ? event : "", 1, 1);
 }
@@ -556,14 +625,7 @@ void srv_metrics_forget(srv_metrics *m, const char *model, int64_t version) {
         }
         if (w != f->n) {
             f->n = w;
-            if (srv_mindex_build(&f->ix, f->s, sizeof *f->s, f->n, f->n + 1) != 0) { /* OOM: rebuild in place */
-                memset(f->ix.slot, 0, ((size_t)f->ix.mask + 1) * sizeof *f->ix.slot);
-                for (int j = 0; j < f->n; j++) {
-                    uint32_t s = (uint32_t)f->s[j].k.hash & f->ix.mask;
-                    while (f->ix.slot[s]) s = (s + 1) & f->ix.mask;
-                    f->ix.slot[s] = j + 1;
-                }
-            }
+            srv_family_reindex(f);
         }
     }
     int w = 0;

@@ -14,6 +14,9 @@
  *   tensord_model_swap_count{model,version,event}                    counter (event = load|unload|load_failed)
  *   tensord_model_weights_bytes{model,version}                       gauge (removed when the version ends)
  *   tensord_model_version_state{model,version}                       gauge (TF Serving state number)
+ *   tensord_model_instances{model,version}                           gauge (execution instances)
+ *   tensord_model_instance_bytes{model,version,instance}             gauge (weights + largest plan arena of one
+ *                                                                            instance; removed with the version)
  *   tensord_inference_stats_count{model,version,stat}                counter  } Triton's inference_stats, stat =
  *   tensord_inference_stats_ns{model,version,stat}                   counter  } success|fail|queue|compute_input|
  *                                                                               compute_infer|compute_output
@@ -75,6 +78,13 @@ void srv_metrics_queue(srv_metrics *m, const char *model, int64_t version, int64
 void srv_metrics_batch(srv_metrics *m, const char *model, int64_t version, int64_t rows, int64_t padded_rows);
 void srv_metrics_load(srv_metrics *m, const char *model, int64_t version, double load_ms, size_t weight_bytes);
 void srv_metrics_swap(srv_metrics *m, const char *model, int64_t version, const char *event);
+/* A version is published with n execution instances holding bytes[i] each (srv_version_metrics_instances):
+ * tensord_model_instances and one tensord_model_instance_bytes series per instance; series of instances >= n
+ * (left by an earlier object of the same version number) are dropped. */
+void srv_metrics_instances(srv_metrics *m, const char *model, int64_t version, int n, const size_t *bytes);
+/* Instance idx of a version now holds bytes (it grew: a larger plan ran). The gauge keeps the largest value
+ * recorded, so late or reordered updates never lower it. */
+void srv_metrics_instance_bytes(srv_metrics *m, const char *model, int64_t version, int idx, size_t bytes);
 /* The registry's state of a version (TF Serving numbering); 10..40 make the version live (see above). */
 void srv_metrics_state(srv_metrics *m, const char *model, int64_t version, int state);
 /* The version ended: drop its request, latency, queue, batch, weights and state series and its statistics;

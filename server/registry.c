@@ -58,6 +58,7 @@ static int cfg_copy(srv_model_config *d, const srv_model_config *s) {
     memset(d, 0, sizeof *d);
     d->policy = s->policy;
     d->latest_n = s->latest_n > 0 ? s->latest_n : 1;
+    d->instance_count = s->instance_count;
     d->name = dupz(s->name);
     d->base_path = dupz(s->base_path);
     d->platform = dupz(s->platform);
@@ -363,6 +364,9 @@ static srv_code validate_config(const srv_model_config *cfgs, int n, srv_error *
         if (c->policy == SRV_POLICY_LATEST && c->latest_n < 0)
             return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': latest num_versions must be >= 1, got %d", c->name,
                            c->latest_n);
+        if (c->instance_count < 0 || c->instance_count > SRV_MAX_INSTANCES)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': instance_count must be 1..%d, got %d", c->name,
+                           SRV_MAX_INSTANCES, c->instance_count);
         if (c->policy == SRV_POLICY_SPECIFIC && (c->nversions <= 0 || !c->versions))
             return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': specific version policy lists no versions", c->name);
         for (int k = 0; c->policy == SRV_POLICY_SPECIFIC && k < c->nversions; k++)

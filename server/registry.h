@@ -47,7 +47,10 @@ typedef struct srv_model_config {
     char **label_names;      /* version_labels */
     int64_t *label_versions;
     int nlabels;
+    int instance_count;      /* execution instances per version (tensord's `instance_count`, Triton's
+                              * instance_group count), 1..SRV_MAX_INSTANCES; 0: the server's default */
 } srv_model_config;
+#define SRV_MAX_INSTANCES 64
 void srv_model_config_free(srv_model_config *c); /* frees contents */
 
 /* One input or output of a served signature. */
@@ -79,8 +82,9 @@ const srv_version_info *srv_version_get_info(const srv_version *v);
 
 /* Run inference on a held version: inputs by client name (all required inputs present, validated against
  * the signature: dtype and shape errors name the input with expected vs got). out receives the outputs in
- * signature order. Goes through the version's batcher when batching is on. deadline_us: absolute
- * srv_now_us() deadline, 0 for none (then DEADLINE_EXCEEDED). */
+ * signature order. Goes through the version's batcher when batching is on; otherwise runs on a free execution
+ * instance, waiting for one while all are busy. deadline_us: absolute srv_now_us() deadline, 0 for none (when it
+ * passes before the run starts, also while waiting for an instance: DEADLINE_EXCEEDED). */
 srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
                              srv_error *err);
 /* srv_version_predict through the version's batcher without waiting (srv_batcher_submit_async): 0 when the
@@ -92,14 +96,19 @@ int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors
                               srv_batch_done_fn done, void *arg);
 /* 1 if srv_version_predict(v, in) is expected to return within about budget_us without waiting: no batcher,
  * a measured per-row run time (exponential average of earlier runs) times in's rows within the budget, and
- * no run of this version in progress or waiting that was not itself expected to be that quick. 0 when
+ * an execution instance that is free or only held by a run that was itself expected to be that quick (fewer
+ * runs in progress or waiting that were not expected to be quick than the version has instances). 0 when
  * unknown (no run measured yet). The REST server runs such requests on its polling thread. */
 int srv_version_quick(srv_version *v, const srv_tensors *in, int64_t budget_us);
+/* Execution instances of the version (runs of it that can proceed at once; Triton's instance_group count). */
+int srv_version_instances(const srv_version *v);
 
 typedef struct srv_metrics srv_metrics;
 
 typedef struct srv_registry_opts {
     int session_threads;         /* threads per inference run; <= 0: all cores */
+    int instances_per_version;   /* execution instances of each version unless its model sets instance_count;
+                                  * <= 0: max(1, usable cores / session_threads) (srv_instances_resolve) */
     const srv_batch_opts *batching; /* NULL: batching off */
     int allow_labels_for_unavailable; /* --allow_version_labels_for_unavailable_models */
     srv_metrics *metrics;        /* may be NULL */

@@ -13,22 +13,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "infer.h"
 #include "rest.h"
 #include "srv.h"
 
 #include <pthread.h>
 
 typedef struct srv_rest_conn srv_rest_conn;
-
-/* Requests that may take a while (a large body, a version that is slow or batching) run on a pool of worker
- * threads while their connection is suspended, so they never hold up the other connections of an HTTP
- * polling thread; the pool grows on demand up to max threads (batching needs many waiting at once). */
-typedef struct srv_rest_pool {
-    pthread_mutex_t mu;
-    pthread_cond_t work, idle;
-    srv_rest_conn *head, *tail;
-    int queued, nthreads, nidle, max, stopping;
-} srv_rest_pool;
 
 struct srv_rest {
     struct MHD_Daemon *d;
@@ -42,11 +33,10 @@ struct srv_rest {
     char *admin_token;      /* NULL: none configured */
     atomic_int inflight;
     atomic_int quiescing;
-    srv_rest_pool pool;
+    srv_infer *inf;         /* the request path, its worker pool and the requests still to answer (infer.h);
+                             * the REST server's own until gRPC shares it */
     struct srv_gate *gate;  /* the accept loop and connection limits (rest-gate.c) */
     int conn_limit;
-    pthread_mutex_t dmu;    /* guards deferred and each deferred request's cut flag */
-    srv_rest_conn *deferred; /* requests whose work runs on a worker or a batcher */
     atomic_int cut_unsent;  /* requests answered by srv_rest_cut_off whose 503 is not sent yet */
 };
 
@@ -57,6 +47,7 @@ typedef struct srv_reply {
     const char *ctype;    /* static string */
     size_t header_len;    /* > 0: Inference-Header-Content-Length */
     const char *allow;    /* for 405: the Allow header */
+    int pending;          /* set by a handler: the reply comes later, through srv_rest_async_reply */
 } srv_reply;
 
 /* Request context given to the handlers. */
@@ -70,27 +61,22 @@ typedef struct srv_rest_req {
     int64_t deadline_us;  /* 0: none */
     const char *header_len; /* Inference-Header-Content-Length value or NULL */
     const char *authorization; /* Authorization header or NULL */
-    struct srv_rest_job **defer; /* non-NULL: the handler may hand back the rest of its work (see below) */
+    srv_rest_conn *cn;    /* the request's connection state (srv_rest_async) */
+    int may_block;        /* 1 on a worker thread; 0 on an HTTP polling thread, which slow work must leave */
+    struct srv_rest_job **defer; /* non-NULL on a polling thread: a handler may hand its work to a worker */
 } srv_rest_req;
 
-/* The rest of a request that a handler chose not to run on the HTTP polling thread (srv_rest_quick says no):
- * the handler leaves the reply empty, stores a job in *q->defer and returns; a worker thread later calls
- * run, which fills the reply, records metrics, releases everything the job holds and frees it. The request
- * (q's strings and body) stays valid until then. */
+/* A handler's work that must not run on a polling thread (a model load): the handler stores a job in *q->defer
+ * and returns with the reply empty; a worker calls run, which fills the reply and frees the job. */
 typedef struct srv_rest_job {
     void (*run)(struct srv_rest_job *job, srv_reply *o);
-    /* Optional, tried first (the connection is already suspended, and o/complete/carg are set): hand the work to
-     * the version's batcher and return 1 without waiting; the batch worker then fills *o, frees the job and calls
-     * complete(carg), which resumes the connection. 0: not taken (the job is untouched; run goes to the pool). */
-    int (*start)(struct srv_rest_job *job);
-    srv_reply *o;
-    void (*complete)(void *carg);
-    void *carg;
 } srv_rest_job;
 
-/* 1 if inference on v for in may run on the polling thread (cheap enough; see srv_version_quick), or the
- * handler cannot defer. */
-int srv_rest_quick(const srv_rest_req *q, srv_version *v, const srv_tensors *in);
+/* Inference through the shared path (infer.h): a handler whose srv_infer_submit went asynchronous calls
+ * srv_rest_async from its going_async (the connection is suspended; idempotent) and sets o->pending; its done
+ * then calls srv_rest_async_reply with the reply, from any thread. */
+void srv_rest_async(srv_rest_conn *cn);
+void srv_rest_async_reply(srv_rest_conn *cn, srv_reply *o);
 
 /* {"error": msg} with the HTTP status of code (or `status` when > 0). */
 void srv_reply_error(srv_reply *o, int status, const char *msg);

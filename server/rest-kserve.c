@@ -143,124 +143,82 @@ static int64_t srv_kserve_hlen(const char *s) {
     return nd && !*s ? v : -2;
 }
 
-/* Rows of a request for inference_count: dim 0 of its first input when the model has a batch dimension. */
-static int64_t srv_kserve_rows(const srv_tensors *in, int64_t max_batch) {
-    return max_batch > 0 && in->n > 0 && in->t[0].ndim >= 1 && in->t[0].dims[0] > 0 ? in->t[0].dims[0] : 1;
-}
-
-/* The second half of an inference: predict (unless `done`: out already holds the result of an asynchronous
- * predict, rc its status) -> encode -> record -> release v -> reply. Takes in, out, kr and v. input_ns: the
- * decode time; dec_end_ns: when decoding ended (srv_metrics_clock_ns), where the queue time starts. */
-static void srv_kserve_finish(const srv_rest_req *q, const char *model, srv_version *v, srv_tensors *in,
-                              srv_tensors *done, srv_kserve_req *kr, srv_code rc, srv_error *err, int64_t input_ns,
-                              int64_t dec_end_ns, srv_reply *o) {
-    srv_tensors local = {0}, *outp = done ? done : &local;
-    char *body = NULL;
-    size_t len = 0, json_len = 0;
-    if (v) {
-        const srv_version_info *info = srv_version_get_info(v);
-        srv_infer_times tm = {.input_ns = input_ns};
-        if (rc == SRV_OK && !done) rc = srv_version_predict(v, in, outp, q->deadline_us, err);
-        if (rc == SRV_OK) {
-            int64_t t1 = srv_metrics_clock_ns(); /* the encode below counts as output */
-            srv_infer_times_run(&tm, dec_end_ns);
-            int64_t mb = srv_kserve_max_batch(info, srv_registry_batching(q->r->reg));
-            kr->batch_first = mb > 0;
-            tm.rows = srv_kserve_rows(in, mb);
-            body = srv_kserve_encode_infer(info, outp, kr, &len, &json_len, err);
-            tm.output_ns += srv_metrics_clock_ns() - t1;
-        }
-        if (body) err->code = SRV_OK;
-        else if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
-        /* before the release: a retired version's series go with its last reference (srv_metrics_forget) */
-        srv_metrics_infer(q->r->m, model, info->version, NULL, "infer", err->code,
-                          srv_metrics_clock_ns() - q->t0_us * 1000, &tm);
-        srv_tensors_free(in);
-        srv_tensors_free(outp);
-        srv_kserve_req_free(kr);
-        srv_version_release(v);
-    } else {
-        if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
-        srv_metrics_infer(q->r->m, srv_kserve_known(q, model, err->code), 0, NULL, "infer", err->code,
-                          srv_metrics_clock_ns() - q->t0_us * 1000, NULL);
-    }
-    if (body && json_len < len) {
-        srv_reply_text(o, 200, body, len, "application/octet-stream");
-        o->header_len = json_len;
-    } else if (body) {
-        srv_reply_text(o, 200, body, len, "application/json");
-    } else {
-        srv_reply_code(o, err);
-    }
-}
-
-typedef struct srv_kserve_job { /* q's strings and body belong to the request, which outlives the job */
-    srv_rest_job base;
-    srv_rest_req q;
+/* One /infer through the shared request path (infer.h): this file only decodes and encodes. */
+typedef struct srv_kserve_call {
+    srv_rest_req q;    /* its strings and body belong to the request, which outlives the call */
     char model[256];
-    srv_version *v;
-    srv_tensors in, out;
+    int64_t hlen;      /* Inference-Header-Content-Length, -1: none */
     srv_kserve_req kr;
-    int64_t input_ns, dec_end_ns;
-} srv_kserve_job;
+    char *body;        /* the encoded reply */
+    size_t len, json_len;
+    srv_reply *o;      /* the handler's reply, when done comes before srv_infer_submit returns */
+    int async;
+} srv_kserve_call;
 
-static void srv_kserve_job_run(srv_rest_job *job, srv_reply *o) {
-    srv_kserve_job *j = (srv_kserve_job *)job;
-    srv_error err = {0};
-    srv_kserve_finish(&j->q, j->model, j->v, &j->in, NULL, &j->kr, SRV_OK, &err, j->input_ns, j->dec_end_ns, o);
-    free(j);
+static srv_code srv_kserve_call_decode(void *u, const srv_version_info *info, srv_tensors *in, srv_error *err) {
+    srv_kserve_call *c = u;
+    return srv_kserve_decode_infer(c->q.body, c->q.len, c->hlen >= 0 ? (size_t)c->hlen : c->q.len, info, in, &c->kr,
+                                   err);
 }
 
-static void srv_kserve_job_done(void *arg, srv_code rc, const srv_error *e) {
-    srv_kserve_job *j = arg;
-    srv_error err = {0};
-    if (rc != SRV_OK) err = *e;
-    void (*complete)(void *) = j->base.complete;
-    void *carg = j->base.carg;
-    srv_kserve_finish(&j->q, j->model, j->v, &j->in, &j->out, &j->kr, rc, &err, j->input_ns, j->dec_end_ns,
-                      j->base.o);
-    free(j);
-    complete(carg);
+static srv_code srv_kserve_call_encode(void *u, const srv_version_info *info, const srv_tensors *in,
+                                       const srv_tensors *out, srv_error *err) {
+    srv_kserve_call *c = u;
+    (void)in;
+    c->kr.batch_first = srv_kserve_max_batch(info, srv_registry_batching(c->q.r->reg)) > 0;
+    c->body = srv_kserve_encode_infer(info, out, &c->kr, &c->len, &c->json_len, err);
+    return c->body ? SRV_OK : err->code != SRV_OK ? err->code : SRV_INTERNAL;
 }
 
-static int srv_kserve_job_start(srv_rest_job *job) {
-    srv_kserve_job *j = (srv_kserve_job *)job;
-    return srv_version_predict_async(j->v, &j->in, &j->out, j->q.deadline_us, srv_kserve_job_done, j);
+static void srv_kserve_call_async(void *u) {
+    srv_kserve_call *c = u;
+    c->async = 1;
+    srv_rest_async(c->q.cn);
 }
 
-/* acquire -> decode -> (here, or on a worker when it may take long) predict -> encode -> release. */
+static void srv_kserve_call_done(void *u, srv_code code, const srv_error *err) {
+    srv_kserve_call *c = u;
+    srv_reply r = {0};
+    if (code == SRV_OK && c->json_len < c->len) {
+        srv_reply_text(&r, 200, c->body, c->len, "application/octet-stream");
+        r.header_len = c->json_len;
+    } else if (code == SRV_OK) {
+        srv_reply_text(&r, 200, c->body, c->len, "application/json");
+    } else {
+        srv_reply_code(&r, err);
+    }
+    srv_kserve_req_free(&c->kr);
+    if (c->async) srv_rest_async_reply(c->q.cn, &r);
+    else *c->o = r;
+    free(c);
+}
+
+static const srv_infer_ops srv_kserve_ops = {.decode = srv_kserve_call_decode, .encode = srv_kserve_call_encode,
+                                             .done = srv_kserve_call_done, .going_async = srv_kserve_call_async};
+
 static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t version, srv_reply *o) {
-    srv_error err = {0};
-    srv_tensors in = {0};
-    srv_kserve_req kr = {0};
-    srv_version *v = NULL;
-    srv_code rc = SRV_OK;
-    int64_t t0 = 0, t1 = 0;
     int64_t hl = srv_kserve_hlen(q->header_len);
     if (hl == -2 || (hl >= 0 && (uint64_t)hl > q->len)) {
+        srv_error err = {0};
         srv_err(&err, SRV_INVALID_ARGUMENT, "bad Inference-Header-Content-Length '%.32s' for a body of %zu bytes",
                 q->header_len, q->len);
-    } else if ((v = srv_registry_acquire(q->r->reg, model, version, NULL, &err))) {
-        const srv_version_info *info = srv_version_get_info(v);
-        t0 = srv_metrics_clock_ns();
-        rc = srv_kserve_decode_infer(q->body, q->len, hl >= 0 ? (size_t)hl : q->len, info, &in, &kr, &err);
-        t1 = srv_metrics_clock_ns();
-        if (rc == SRV_OK && !srv_rest_quick(q, v, &in)) {
-            srv_kserve_job *j = malloc(sizeof *j);
-            if (j) {
-                *j = (srv_kserve_job){.base = {.run = srv_kserve_job_run, .start = srv_kserve_job_start}, .q = *q,
-                                      .v = v, .in = in, .kr = kr, .input_ns = t1 - t0, .dec_end_ns = t1};
-                snprintf(j->model, sizeof j->model, "%s", model);
-                j->q.defer = NULL;
-                *q->defer = &j->base;
-                return;
-            }
-        }
+        srv_metrics_infer(q->r->m, srv_kserve_known(q, model, err.code), 0, NULL, "infer", err.code,
+                          srv_metrics_clock_ns() - q->t0_us * 1000, NULL);
+        srv_reply_code(o, &err);
+        return;
     }
-    srv_kserve_finish(q, model, v, &in, NULL, &kr, rc, &err, t1 - t0, t1, o);
+    srv_kserve_call *c = malloc(sizeof *c);
+    if (!c) {
+        srv_reply_error(o, 500, "out of memory");
+        return;
+    }
+    *c = (srv_kserve_call){.q = *q, .hlen = hl, .o = o};
+    snprintf(c->model, sizeof c->model, "%s", model);
+    srv_infer_req rq = {.model = c->model, .version = version, .api = "infer", .t0_us = q->t0_us,
+                        .deadline_us = q->deadline_us, .may_block = q->may_block};
+    if (!srv_infer_submit(q->r->inf, &rq, &srv_kserve_ops, c)) o->pending = 1;
 }
 
-/* Triton's data_type names: "TYPE_" + the v2 datatype, BYTES being TYPE_STRING. */
 static void srv_kserve_cfg_type(srv_buf *b, eng_dtype dt) {
     const char *n = srv_kserve_dtype(dt);
     srv_buf_printf(b, "\"TYPE_%s\"", strcmp(n, "BYTES") == 0 ? "STRING" : n);
@@ -311,8 +269,9 @@ static void srv_kserve_config(const srv_rest_req *q, const char *model, int64_t 
     char ig[300];
     snprintf(ig, sizeof ig, "%s_0", model);
     srv_buf_json_str(&b, ig);
-    srv_buf_puts(&b, ",\"kind\":\"KIND_CPU\",\"count\":1,\"gpus\":[]}],\"default_model_filename\":\"model.onnx\","
-                     "\"parameters\":{}}");
+    srv_buf_printf(&b, ",\"kind\":\"KIND_CPU\",\"count\":%d,\"gpus\":[]}],\"default_model_filename\":\"model.onnx\","
+                       "\"parameters\":{}}",
+                   srv_version_instances(v));
     srv_version_release(v);
     srv_reply_buf(o, 200, &b);
 }

@@ -100,14 +100,6 @@ static void srv_tfs_record(const srv_rest_req *q, const srv_tfs_route *rt, int64
     srv_metrics_request(q->r->m, model, version, srv_tfs_label(q, rt, served), api, code, srv_now_us() - q->t0_us);
 }
 
-/* An inference: info is the version that served it (NULL: none), t its times. */
-static void srv_tfs_record_infer(const srv_rest_req *q, const srv_tfs_route *rt, const srv_version_info *info,
-                                 srv_code code, const srv_infer_times *t) {
-    const char *model = srv_tfs_model(q, rt, info != NULL, code);
-    srv_metrics_infer(q->r->m, model, info ? info->version : 0, srv_tfs_label(q, rt, info != NULL), rt->verb, code,
-                      srv_metrics_clock_ns() - q->t0_us * 1000, t);
-}
-
 static void srv_tfs_status(const srv_rest_req *q, const srv_tfs_route *rt, srv_reply *o) {
     srv_error err = {0};
     srv_version_status *st = NULL;
@@ -174,100 +166,64 @@ static void srv_tfs_metadata(const srv_rest_req *q, const srv_tfs_route *rt, srv
 /* The second half of an inference: predict (unless `done`: out already holds the result of an asynchronous
  * predict, rc its status) -> encode -> record -> release v -> reply. Takes in, out and v. input_ns: the decode
  * time; dec_end_ns: when decoding ended (srv_metrics_clock_ns), where the queue time starts. */
-static void srv_tfs_finish(const srv_rest_req *q, const srv_tfs_route *rt, srv_version *v, srv_tensors *in,
-                           srv_tensors *done, srv_tfs_format fmt, srv_code rc, srv_error *err, int64_t input_ns,
-                           int64_t dec_end_ns, srv_reply *o) {
-    const char *api = rt->verb;
-    char *body = NULL;
-    size_t len = 0;
-    srv_tensors local = {0}, *outp = done ? done : &local;
-    if (v) {
-        const srv_version_info *info = srv_version_get_info(v);
-        srv_infer_times tm = {.input_ns = input_ns};
-        if (rc == SRV_OK && !done) rc = srv_version_predict(v, in, outp, q->deadline_us, err);
-        if (rc == SRV_OK) {
-            int64_t t1 = srv_metrics_clock_ns(); /* the encode below counts as output */
-            srv_infer_times_run(&tm, dec_end_ns);
-            int64_t mb = srv_kserve_max_batch(info, srv_registry_batching(q->r->reg));
-            tm.rows = mb > 0 && in->n > 0 && in->t[0].ndim >= 1 && in->t[0].dims[0] > 0 ? in->t[0].dims[0] : 1;
-            if (!strcmp(api, "predict")) body = srv_tfs_encode_predict(info, outp, fmt, &len, err);
-            else if (!strcmp(api, "classify")) body = srv_tfs_encode_classify(info, outp, &len, err);
-            else body = srv_tfs_encode_regress(info, outp, &len, err);
-            tm.output_ns += srv_metrics_clock_ns() - t1;
-        }
-        if (body) err->code = SRV_OK;
-        else if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
-        srv_tfs_record_infer(q, rt, info, err->code, &tm); /* before the release (see the top of this file) */
-        srv_tensors_free(in);
-        srv_tensors_free(outp);
-        srv_version_release(v);
-    } else {
-        if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
-        srv_tfs_record_infer(q, rt, NULL, err->code, NULL);
-    }
-    if (body) srv_reply_text(o, 200, body, len, "application/json");
-    else srv_reply_code(o, err);
-}
-
-typedef struct srv_tfs_job { /* q's strings and rt.verb point into the request, which outlives the job */
-    srv_rest_job base;
-    srv_rest_req q;
+/* One :predict / :classify / :regress through the shared request path (infer.h): this file only decodes and
+ * encodes. The state lives until done. */
+typedef struct srv_tfs_call {
+    srv_rest_req q;    /* its strings and body belong to the request, which outlives the call */
     srv_tfs_route rt;
-    srv_version *v;
-    srv_tensors in, out;
     srv_tfs_format fmt;
-    int64_t input_ns, dec_end_ns;
-} srv_tfs_job;
+    char *body;        /* the encoded reply */
+    size_t len;
+    srv_reply *o;      /* the handler's reply, when done comes before srv_infer_submit returns */
+    int async;
+} srv_tfs_call;
 
-static void srv_tfs_job_run(srv_rest_job *job, srv_reply *o) {
-    srv_tfs_job *j = (srv_tfs_job *)job;
-    srv_error err = {0};
-    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, NULL, j->fmt, SRV_OK, &err, j->input_ns, j->dec_end_ns, o);
-    free(j);
+static srv_code srv_tfs_call_decode(void *u, const srv_version_info *info, srv_tensors *in, srv_error *err) {
+    srv_tfs_call *c = u;
+    return !strcmp(c->rt.verb, "predict") ? srv_tfs_decode_predict(c->q.body, c->q.len, info, in, &c->fmt, err)
+                                          : srv_tfs_decode_examples(c->q.body, c->q.len, info, in, err);
 }
 
-static void srv_tfs_job_done(void *arg, srv_code rc, const srv_error *e) {
-    srv_tfs_job *j = arg;
-    srv_error err = {0};
-    if (rc != SRV_OK) err = *e;
-    void (*complete)(void *) = j->base.complete;
-    void *carg = j->base.carg;
-    srv_tfs_finish(&j->q, &j->rt, j->v, &j->in, &j->out, j->fmt, rc, &err, j->input_ns, j->dec_end_ns, j->base.o);
-    free(j);
-    complete(carg);
+static srv_code srv_tfs_call_encode(void *u, const srv_version_info *info, const srv_tensors *in,
+                                    const srv_tensors *out, srv_error *err) {
+    srv_tfs_call *c = u;
+    (void)in;
+    const char *api = c->rt.verb;
+    if (!strcmp(api, "predict")) c->body = srv_tfs_encode_predict(info, out, c->fmt, &c->len, err);
+    else if (!strcmp(api, "classify")) c->body = srv_tfs_encode_classify(info, out, &c->len, err);
+    else c->body = srv_tfs_encode_regress(info, out, &c->len, err);
+    return c->body ? SRV_OK : err->code != SRV_OK ? err->code : SRV_INTERNAL;
 }
 
-static int srv_tfs_job_start(srv_rest_job *job) {
-    srv_tfs_job *j = (srv_tfs_job *)job;
-    return srv_version_predict_async(j->v, &j->in, &j->out, j->q.deadline_us, srv_tfs_job_done, j);
+static void srv_tfs_call_async(void *u) {
+    srv_tfs_call *c = u;
+    c->async = 1;
+    srv_rest_async(c->q.cn);
 }
 
-/* acquire -> decode -> (here, or on a worker when it may take long) predict -> encode -> release. */
+static void srv_tfs_call_done(void *u, srv_code code, const srv_error *err) {
+    srv_tfs_call *c = u;
+    srv_reply r = {0};
+    if (code == SRV_OK) srv_reply_text(&r, 200, c->body, c->len, "application/json");
+    else srv_reply_code(&r, err);
+    if (c->async) srv_rest_async_reply(c->q.cn, &r);
+    else *c->o = r;
+    free(c);
+}
+
+static const srv_infer_ops srv_tfs_ops = {.decode = srv_tfs_call_decode, .encode = srv_tfs_call_encode,
+                                          .done = srv_tfs_call_done, .going_async = srv_tfs_call_async};
+
 static void srv_tfs_infer(const srv_rest_req *q, const srv_tfs_route *rt, srv_reply *o) {
-    srv_error err = {0};
-    srv_tensors in = {0};
-    srv_tfs_format fmt = SRV_TFS_ROW;
-    srv_code rc = SRV_OK;
-    int64_t t0 = 0, t1 = 0;
-    srv_version *v = srv_registry_acquire(q->r->reg, rt->model, rt->version, rt->has_label ? rt->label : NULL, &err);
-    if (v) {
-        const srv_version_info *info = srv_version_get_info(v);
-        t0 = srv_metrics_clock_ns();
-        rc = !strcmp(rt->verb, "predict") ? srv_tfs_decode_predict(q->body, q->len, info, &in, &fmt, &err)
-                                          : srv_tfs_decode_examples(q->body, q->len, info, &in, &err);
-        t1 = srv_metrics_clock_ns();
-        if (rc == SRV_OK && !srv_rest_quick(q, v, &in)) {
-            srv_tfs_job *j = malloc(sizeof *j);
-            if (j) {
-                *j = (srv_tfs_job){.base = {.run = srv_tfs_job_run, .start = srv_tfs_job_start}, .q = *q, .rt = *rt,
-                                   .v = v, .in = in, .fmt = fmt, .input_ns = t1 - t0, .dec_end_ns = t1};
-                j->q.defer = NULL;
-                *q->defer = &j->base;
-                return;
-            }
-        }
+    srv_tfs_call *c = malloc(sizeof *c);
+    if (!c) {
+        srv_reply_error(o, 500, "out of memory");
+        return;
     }
-    srv_tfs_finish(q, rt, v, &in, NULL, fmt, rc, &err, t1 - t0, t1, o);
+    *c = (srv_tfs_call){.q = *q, .rt = *rt, .fmt = SRV_TFS_ROW, .o = o};
+    srv_infer_req rq = {.model = c->rt.model, .version = c->rt.version, .label = c->rt.has_label ? c->rt.label : NULL,
+                        .api = c->rt.verb, .t0_us = q->t0_us, .deadline_us = q->deadline_us, .may_block = q->may_block};
+    if (!srv_infer_submit(q->r->inf, &rq, &srv_tfs_ops, c)) o->pending = 1;
 }
 
 int srv_rest_tfs(const srv_rest_req *q, srv_reply *o) {

@@ -7,18 +7,17 @@
  * hands it to MHD, which serves it from then on (keep-alive included); the gate's hooks keep the deadline of
  * each later request (srv_gate_received / srv_gate_replied).
  * Threading: MHD's internal thread pool (epoll; --rest_api_num_threads polling threads) runs srv_rest_access.
- * A cheap request runs whole on its polling thread (no hand-off: bare-MHD speed). One that may take a while
- * must not stall the other connections that thread owns, so its connection is suspended and the work goes to a
- * worker pool that grows on demand (batching needs many requests waiting at once); the worker fills the reply
- * and resumes the connection, and MHD calls srv_rest_access again to send it. What goes to the pool: a body
- * over SRV_REST_INLINE_BODY (the whole request), and inference the handler finds slow after decoding
- * (srv_rest_quick). With batching on, a decoded request goes straight to the version's batcher instead
- * (srv_rest_job.start): the connection stays suspended and the batch worker encodes the reply and resumes it.
+ * Inference goes through the shared request path (infer.h), whose handlers here only decode and encode: a cheap
+ * request runs whole on its polling thread (bare-MHD speed); one that may take a while (the version is slow
+ * for these rows, or batches) continues on the path's worker pool or the version's batcher while its
+ * connection is suspended (srv_rest_async), and its reply comes back through srv_rest_async_reply, which
+ * resumes the connection so MHD calls srv_rest_access again to send it. A body over SRV_REST_INLINE_BODY, and
+ * a handler's own slow job (a model load), run whole on a worker the same way (srv_rest_defer).
  * Per-request state lives in an srv_rest_conn, created when MHD has parsed the request line (the URI log
  * callback, which also sees a raw NUL cutting the URL short) and freed when its last reference goes: MHD's
- * (dropped in srv_rest_done, called exactly once per request) and, while the work is deferred, the worker's.
- * Deferred requests sit on a list; at the drain deadline srv_rest_cut_off answers each with 503 and resumes it,
- * and the worker's late result is dropped (srv_rest_finish sees `cut`).
+ * (dropped in srv_rest_done, called exactly once per request) and, while it finishes elsewhere, that work's.
+ * Suspended requests are on the path's cut-off list; at the drain deadline srv_rest_cut answers each with 503
+ * and resumes it, and the late reply is dropped (srv_rest_async_reply finds it off the list).
  * Limits: a body larger than max_body_bytes is refused with 413 as soon as Content-Length says so (before
  * any body byte is read). A chunked upload that passes the limit stops being stored at once; the rest is
  * dropped and 413 sent at its end, or the connection is closed past twice the limit. A gzip/deflate body is
@@ -46,9 +45,6 @@
 
 /* Requests up to this size are decoded on the polling thread; larger ones go to the worker pool whole. */
 #define SRV_REST_INLINE_BODY (256u << 10)
-/* Inference expected to take longer than this (or batching) runs on the worker pool. */
-#define SRV_REST_INLINE_US 1000
-#define SRV_REST_MAX_WORKERS 1024
 /* Replies at least this large are compressed for clients that accept gzip or deflate. */
 #define SRV_REST_COMPRESS_MIN 1024
 /* Extra connection slots for health requests when the server is at its connection limit. */
@@ -57,6 +53,8 @@
 enum { SRV_RC_RECV, SRV_RC_QUEUED, SRV_RC_READY };
 
 struct srv_rest_conn {
+    srv_work w;      /* first: the pool's work item (the whole dispatch, or a handler's job) and the entry on
+                      * the list the drain deadline cuts off; srv_work callbacks cast it back */
     char *body;
     size_t len, cap;
     int64_t t0;
@@ -68,18 +66,15 @@ struct srv_rest_conn {
     int close_after; /* send Connection: close */
     srv_enc enc_in, enc_out;
     size_t dropped;  /* body bytes seen (stored or dropped) */
-    /* deferred to the worker pool or a batcher (connection suspended meanwhile) */
+    /* finishing on another thread (connection suspended meanwhile) */
     int phase;            /* SRV_RC_* */
-    atomic_int refs;      /* MHD's + the deferred work's */
+    atomic_int refs;      /* MHD's + the asynchronous work's */
     srv_rest *rest;
-    int cut;              /* answered 503 at the drain deadline; the work's result is dropped */
-    srv_rest_conn *dprev, *dnext; /* the deferred list (r->dmu) */
+    int cut;              /* answered 503 at the drain deadline; the work's late reply is dropped */
     struct MHD_Connection *c;
     const char *url, *method, *header_len, *authorization; /* MHD's, valid until the request ends */
-    srv_rest_job *job;    /* NULL: the whole dispatch runs on the worker */
+    srv_rest_job *job;    /* a handler's job for the worker; NULL: the whole dispatch runs there */
     srv_reply out;        /* the reply MHD sends */
-    srv_reply pending;    /* a batch worker's reply, moved to out by srv_rest_finish */
-    srv_rest_conn *next;  /* pool queue */
 };
 
 /* ---- replies ---- */
@@ -147,7 +142,6 @@ static void srv_rest_unref(srv_rest_conn *cn) {
     if (atomic_fetch_sub(&cn->refs, 1) != 1) return;
     free(cn->body);
     free(cn->out.body);
-    free(cn->pending.body);
     free(cn);
 }
 
@@ -206,10 +200,6 @@ static enum MHD_Result srv_rest_413(srv_rest *r, struct MHD_Connection *c, srv_r
     return srv_rest_refuse(r, c, cn, 413, msg);
 }
 
-int srv_rest_quick(const srv_rest_req *q, srv_version *v, const srv_tensors *in) {
-    return !q->defer || srv_version_quick(v, in, SRV_REST_INLINE_US);
-}
-
 static void srv_rest_dispatch(srv_rest *r, srv_rest_conn *cn, srv_rest_job **defer, srv_reply *o) {
     const char *url = cn->url, *method = cn->method;
     if (cn->enc_in != SRV_ENC_IDENTITY) { /* inflate first; the body limit holds for the inflated size */
@@ -227,7 +217,8 @@ static void srv_rest_dispatch(srv_rest *r, srv_rest_conn *cn, srv_rest_job **def
         cn->enc_in = SRV_ENC_IDENTITY;
     }
     srv_rest_req q = {.r = r, .method = method, .path = url, .body = cn->body, .len = cn->len, .t0_us = cn->t0,
-                      .header_len = cn->header_len, .authorization = cn->authorization, .defer = defer};
+                      .header_len = cn->header_len, .authorization = cn->authorization, .cn = cn,
+                      .may_block = defer == NULL, .defer = defer};
     if (r->timeout_ms > 0) q.deadline_us = cn->t0 + r->timeout_ms * 1000;
     if (r->metrics_enabled && (strcmp(url, "/metrics") == 0 || (r->metrics_path && strcmp(url, r->metrics_path) == 0))) {
         if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
@@ -247,145 +238,66 @@ static void srv_rest_dispatch(srv_rest *r, srv_rest_conn *cn, srv_rest_job **def
     srv_reply_error(o, 404, msg);
 }
 
-/* ---- deferred work: the list the drain deadline cuts off ---- */
+/* ---- finishing on another thread ---- */
 
-static void srv_rest_track(srv_rest *r, srv_rest_conn *cn) {
-    atomic_fetch_add(&cn->refs, 1);
-    pthread_mutex_lock(&r->dmu);
+/* The drain deadline (srv_infer_cut_off): answer 503 now; the work's reply, when it comes, is dropped. */
+static void srv_rest_cut(srv_work *w, const char *why) {
+    srv_rest_conn *cn = (srv_rest_conn *)w;
+    cn->cut = 1;
+    cn->close_after = 1;
+    free(cn->out.body);
+    memset(&cn->out, 0, sizeof cn->out);
+    srv_reply_error(&cn->out, 503, why);
+    cn->phase = SRV_RC_READY;
+    atomic_fetch_add(&cn->rest->cut_unsent, 1);
+    MHD_resume_connection(cn->c); /* suspended until now, so MHD still holds its reference */
+}
+
+/* cn's reply is about to come from another thread: suspend the connection, hold a reference for that thread
+ * and join the cut-off list. Idempotent. */
+void srv_rest_async(srv_rest_conn *cn) {
+    if (cn->phase == SRV_RC_QUEUED) return;
     cn->phase = SRV_RC_QUEUED;
-    cn->dprev = NULL;
-    cn->dnext = r->deferred;
-    if (r->deferred) r->deferred->dprev = cn;
-    r->deferred = cn;
-    pthread_mutex_unlock(&r->dmu);
+    atomic_fetch_add(&cn->refs, 1);
+    cn->w.cut = srv_rest_cut;
+    srv_infer_track(cn->rest->inf, &cn->w);
+    MHD_suspend_connection(cn->c);
 }
 
-static void srv_rest_untrack_locked(srv_rest *r, srv_rest_conn *cn) {
-    if (cn->dprev) cn->dprev->dnext = cn->dnext;
-    else if (r->deferred == cn) r->deferred = cn->dnext;
-    if (cn->dnext) cn->dnext->dprev = cn->dprev;
-    cn->dprev = cn->dnext = NULL;
-}
-
-/* The deferred work is done and its reply is in *o (NULL: in cn->pending). Unless the drain deadline already
- * answered the request, the reply goes out; then the work's reference is dropped. Any thread. */
-static void srv_rest_finish(srv_rest *r, srv_rest_conn *cn, srv_reply *o) {
-    srv_reply *src = o ? o : &cn->pending;
-    pthread_mutex_lock(&r->dmu);
-    int cut = cn->cut;
-    if (!cut) {
-        srv_rest_untrack_locked(r, cn);
+/* The reply from another thread: unless the drain deadline already answered, it goes out. Any thread. */
+void srv_rest_async_reply(srv_rest_conn *cn, srv_reply *o) {
+    if (srv_infer_untrack(cn->rest->inf, &cn->w)) {
         free(cn->out.body);
-        cn->out = *src;
-        memset(src, 0, sizeof *src);
+        cn->out = *o;
         cn->job = NULL;
         cn->phase = SRV_RC_READY;
-    }
-    pthread_mutex_unlock(&r->dmu);
-    if (cut) {
-        free(src->body);
-        memset(src, 0, sizeof *src);
-    } else {
         MHD_resume_connection(cn->c); /* MHD calls srv_rest_access again, which sends cn->out */
+    } else {
+        free(o->body);
     }
+    memset(o, 0, sizeof *o);
     srv_rest_unref(cn);
 }
 
-int srv_rest_cut_off(srv_rest *r, const char *why) {
-    if (!r) return 0;
-    int n = 0;
-    pthread_mutex_lock(&r->dmu);
-    srv_rest_conn *list = r->deferred;
-    r->deferred = NULL;
-    for (srv_rest_conn *cn = list; cn; cn = cn->dnext) {
-        cn->cut = 1;
-        cn->close_after = 1;
-        free(cn->out.body);
-        memset(&cn->out, 0, sizeof cn->out);
-        srv_reply_error(&cn->out, 503, why);
-        cn->phase = SRV_RC_READY;
-        n++;
-    }
-    atomic_fetch_add(&r->cut_unsent, n);
-    pthread_mutex_unlock(&r->dmu);
-    /* Suspended connections stay put until resumed, and MHD holds its reference until srv_rest_done. */
-    for (srv_rest_conn *cn = list, *next; cn; cn = next) {
-        next = cn->dnext;
-        MHD_resume_connection(cn->c);
-    }
-    return n;
-}
+int srv_rest_cut_off(srv_rest *r, const char *why) { return r ? srv_infer_cut_off(r->inf, why) : 0; }
 
 int srv_rest_cut_unsent(srv_rest *r) { return r ? atomic_load(&r->cut_unsent) : 0; }
 
-/* ---- worker pool ---- */
-
-static void *srv_rest_worker(void *arg) {
-    srv_rest *r = arg;
-    srv_rest_pool *p = &r->pool;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (!p->head && !p->stopping) {
-            p->nidle++;
-            pthread_cond_wait(&p->work, &p->mu);
-            p->nidle--;
-        }
-        if (!p->head) break; /* stopping and drained */
-        srv_rest_conn *cn = p->head;
-        p->head = cn->next;
-        if (!p->head) p->tail = NULL;
-        p->queued--;
-        pthread_mutex_unlock(&p->mu);
-        srv_reply o = {0};
-        srv_rest_job *job = cn->job;
-        if (job) job->run(job, &o);
-        else srv_rest_dispatch(r, cn, NULL, &o);
-        srv_rest_finish(r, cn, &o);
-        pthread_mutex_lock(&p->mu);
-    }
-    p->nthreads--;
-    pthread_cond_broadcast(&p->idle);
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
+/* On a worker: a handler's job, or the whole dispatch of a large body. */
+static void srv_rest_work_run(srv_work *w) {
+    srv_rest_conn *cn = (srv_rest_conn *)w;
+    srv_reply o = {0};
+    if (cn->job) cn->job->run(cn->job, &o);
+    else srv_rest_dispatch(cn->rest, cn, NULL, &o);
+    srv_rest_async_reply(cn, &o);
 }
 
-/* A batch worker put the reply in cn->pending. Any thread. */
-static void srv_rest_complete(void *arg) {
-    srv_rest_conn *cn = arg;
-    srv_rest_finish(cn->rest, cn, NULL);
-}
-
-/* Hand cn to the pool; its connection is suspended first, so the worker's resume always comes after it.
- * tracked: cn is already on the deferred list (a batcher declined it). 0, or -1 when no worker thread can run
- * it (then the caller runs it itself; cn is off the list again). */
-static int srv_rest_defer(srv_rest *r, srv_rest_conn *cn, int suspended) {
-    srv_rest_pool *p = &r->pool;
-    pthread_mutex_lock(&p->mu);
-    if (p->queued + 1 > p->nidle && p->nthreads < p->max && !p->stopping) {
-        pthread_attr_t a;
-        pthread_t t;
-        pthread_attr_init(&a);
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&a, 2 << 20);
-        if (pthread_create(&t, &a, srv_rest_worker, r) == 0) p->nthreads++;
-        pthread_attr_destroy(&a);
-    }
-    if (p->nthreads == 0 || p->stopping) {
-        pthread_mutex_unlock(&p->mu);
-        return -1;
-    }
-    if (!suspended) {
-        srv_rest_track(r, cn);
-        MHD_suspend_connection(cn->c);
-    }
-    cn->next = NULL;
-    if (p->tail) p->tail->next = cn;
-    else p->head = cn;
-    p->tail = cn;
-    p->queued++;
-    pthread_cond_signal(&p->work);
-    pthread_mutex_unlock(&p->mu);
-    return 0;
+/* Run cn's work on a worker (on this thread if no worker can take it: it still finishes through
+ * srv_rest_async_reply, so the connection is resumed either way). */
+static void srv_rest_defer(srv_rest *r, srv_rest_conn *cn) {
+    srv_rest_async(cn);
+    cn->w.run = srv_rest_work_run;
+    if (srv_infer_queue(r->inf, &cn->w) != 0) srv_rest_work_run(&cn->w);
 }
 
 /* MHD has parsed the request line: the request's state starts here. uri is the raw target (before %-decoding),
@@ -505,27 +417,18 @@ static enum MHD_Result srv_rest_access(void *cls, struct MHD_Connection *c, cons
     cn->header_len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Inference-Header-Content-Length");
     cn->authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     size_t weight = cn->enc_in != SRV_ENC_IDENTITY ? cn->len * 8 : cn->len; /* inflating is work too */
-    if (weight > SRV_REST_INLINE_BODY && srv_rest_defer(r, cn, 0) == 0) return MHD_YES;
+    if (weight > SRV_REST_INLINE_BODY) {
+        srv_rest_defer(r, cn);
+        return MHD_YES;
+    }
     srv_reply o = {0};
     srv_rest_job *job = NULL;
     srv_rest_dispatch(r, cn, &job, &o);
-    if (job && job->start) { /* batched: the batch worker replies; no thread waits for the batch */
-        cn->job = job;
-        srv_rest_track(r, cn);
-        MHD_suspend_connection(c);
-        job->o = &cn->pending, job->complete = srv_rest_complete, job->carg = cn;
-        if (job->start(job)) return MHD_YES;
-        if (srv_rest_defer(r, cn, 1) == 0) return MHD_YES; /* not batched after all: a worker runs it */
-        srv_reply w = {0};
-        job->run(job, &w);
-        srv_rest_finish(r, cn, &w);
-        return MHD_YES;
-    }
+    if (o.pending) return MHD_YES; /* finishing on another thread: srv_rest_async_reply resumes the connection */
     if (job) {
         cn->job = job;
-        if (srv_rest_defer(r, cn, 0) == 0) return MHD_YES;
-        cn->job = NULL;
-        job->run(job, &o);
+        srv_rest_defer(r, cn);
+        return MHD_YES;
     }
     cn->replied = 1;
     return srv_rest_send(r, c, cn, &o);
@@ -553,7 +456,6 @@ static void srv_rest_conn_event(void *cls, struct MHD_Connection *c, void **sock
     if (ci) srv_gate_closed(r->gate, ci->connect_fd);
 }
 
-/* Make room for the connection limit plus the pool's own descriptors. */
 static int srv_rest_hex(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -581,6 +483,7 @@ static size_t srv_rest_unescape(void *cls, struct MHD_Connection *c, char *s) {
     return (size_t)(w - s);
 }
 
+/* Make room for the connection limit plus the threads' own descriptors. */
 static void srv_rest_raise_nofile(int connection_limit, int nthreads) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
@@ -593,10 +496,7 @@ static void srv_rest_raise_nofile(int connection_limit, int nthreads) {
 
 static void srv_rest_free_state(srv_rest *r) {
     srv_gate_free(&r->gate);
-    pthread_mutex_destroy(&r->pool.mu);
-    pthread_cond_destroy(&r->pool.work);
-    pthread_cond_destroy(&r->pool.idle);
-    pthread_mutex_destroy(&r->dmu);
+    srv_infer_free(&r->inf);
     free(r->metrics_path);
     free(r->admin_token);
     free(r);
@@ -633,14 +533,10 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     r->metrics_enabled = d.metrics_enabled;
     r->explicit_control = d.explicit_control;
     r->conn_limit = climit;
-    pthread_mutex_init(&r->pool.mu, NULL);
-    pthread_cond_init(&r->pool.work, NULL);
-    pthread_cond_init(&r->pool.idle, NULL);
-    pthread_mutex_init(&r->dmu, NULL);
-    r->pool.max = SRV_REST_MAX_WORKERS;
+    r->inf = srv_infer_new(reg, m);
     r->metrics_path = strdup(d.metrics_path && *d.metrics_path ? d.metrics_path : "/monitoring/prometheus/metrics");
     r->admin_token = d.admin_token ? strdup(d.admin_token) : NULL;
-    if (!r->metrics_path || (d.admin_token && !r->admin_token)) {
+    if (!r->inf || !r->metrics_path || (d.admin_token && !r->admin_token)) {
         srv_rest_free_state(r);
         srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
@@ -705,11 +601,7 @@ void srv_rest_stop(srv_rest **pr) {
     if (!pr || !*pr) return;
     srv_rest *r = *pr;
     /* Workers finish what they hold (resuming its connection) before MHD stops. */
-    pthread_mutex_lock(&r->pool.mu);
-    r->pool.stopping = 1;
-    pthread_cond_broadcast(&r->pool.work);
-    while (r->pool.nthreads > 0) pthread_cond_wait(&r->pool.idle, &r->pool.mu);
-    pthread_mutex_unlock(&r->pool.mu);
+    srv_infer_free(&r->inf);
     srv_gate_stop(r->gate);
     if (r->d) MHD_stop_daemon(r->d);
     srv_rest_free_state(r);

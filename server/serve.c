@@ -78,6 +78,7 @@ int srv_cmd_serve(int argc, char **argv) {
     }
     srv_metrics *metrics = srv_metrics_new();
     srv_registry_opts ro = {.session_threads = o.session_threads,
+                            .instances_per_version = o.instances_per_version > 0 ? o.instances_per_version : 0,
                             .batching = o.enable_batching ? &bopts : NULL,
                             .allow_labels_for_unavailable = o.allow_version_labels_for_unavailable_models,
                             .metrics = metrics,

@@ -1,24 +1,31 @@
 /* version.c - a loaded, served version of a model (the registry's srv_version): srv_version_load reads the
- * signature (server/bundle.c), loads and plans model.onnx, starts the batcher and replays the warm-up file;
- * predict checks inputs against the signature and runs the session directly or through the batcher.
+ * signature (server/bundle.c), parses model.onnx once and builds the version's execution instances from copies
+ * of the graph, starts the batcher and replays the warm-up file on every instance; predict checks inputs against
+ * the signature and runs them on a free instance directly or through the batcher.
  *
  * Invariants:
- *  - A loaded version is immutable after srv_version_load except for its atomic refcount and its run-time
- *    estimates (row_ns, slow_runs); runs on it are serialised by run_mu (session outputs are views, copied out
- *    before the lock is dropped).
+ *  - A loaded version is immutable after srv_version_load except for its atomic refcount, its run-time
+ *    estimates (row_ns, slow_runs, each instance's arena_bytes) and which instances are busy (inst_mu).
+ *  - A run holds one instance from before eng_session_run until its outputs are copied out (session outputs are
+ *    views); instances share nothing mutable, so runs on different instances proceed at once. A run takes the
+ *    lowest-numbered free instance (so light traffic keeps to the instances whose plans are compiled and whose
+ *    memory is warm) and waits on inst_cv while all are busy, up to the request's deadline.
  *  - It is destroyed by whoever drops the last reference, which then tells the registry
  *    (srv_registry_version_ended) as its very last step: the registry may be freed right after.
  *  - Warm-up records (<version>/assets.extra/warmup.jsonl, TF Serving's PredictRequest JSON lines, at most
- *    1000) all run before the version is returned; one failure fails the load.
+ *    1000) all run, each on every instance in turn, before the version is returned (so load time grows with the
+ *    instance count); one failure fails the load.
  */
 #define _GNU_SOURCE
 #include "version.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../engine/bundle.h"
@@ -31,9 +38,11 @@
 /* Destroys v (refs reached zero or it never was published) and tells the registry it is gone. */
 void srv_version_destroy(srv_version *v) {
     srv_registry *r = v->reg;
-    srv_batcher_free(&v->batcher);
-    eng_session_free(&v->sess);
-    pthread_mutex_destroy(&v->run_mu);
+    srv_batcher_free(&v->batcher); /* first: its threads run on the instances */
+    for (int i = 0; i < v->ninst; i++) eng_session_free(&v->inst[i].sess);
+    free(v->inst);
+    pthread_cond_destroy(&v->inst_cv);
+    pthread_mutex_destroy(&v->inst_mu);
     srv_bundle_sig_free(&v->sig);
     uint64_t id = v->id;
     int64_t version = v->version;
@@ -49,6 +58,27 @@ void srv_version_release(srv_version *v) {
 }
 
 const srv_version_info *srv_version_get_info(const srv_version *v) { return v ? &v->info : NULL; }
+
+int srv_version_instances(const srv_version *v) { return v ? v->ninst : 0; }
+
+int srv_instances_resolve(int model_count, int server_count, int session_threads) {
+    int n = model_count > 0 ? model_count : server_count;
+    if (n <= 0) {
+        cpu_set_t set;
+        int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+        if (cores <= 0) cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        n = session_threads > 0 && cores > session_threads ? cores / session_threads : 1;
+    }
+    return n < 1 ? 1 : n > SRV_MAX_INSTANCES ? SRV_MAX_INSTANCES : n;
+}
+
+void srv_version_metrics_instances(srv_version *v) {
+    if (!v->metrics) return;
+    size_t bytes[SRV_MAX_INSTANCES];
+    for (int i = 0; i < v->ninst; i++)
+        bytes[i] = v->inst[i].weight_bytes + atomic_load_explicit(&v->inst[i].arena_bytes, memory_order_relaxed);
+    srv_metrics_instances(v->metrics, v->model, v->version, v->ninst, bytes);
+}
 
 #define VERR(code, ...) verr(err, code, v, __VA_ARGS__)
 static srv_code verr(srv_error *err, srv_code code, const srv_version *v, const char *fmt, ...)
@@ -85,16 +115,69 @@ static int version_quick_est(srv_version *v, int64_t rows, int64_t budget_us) {
     return ns > 0 && rows <= budget_us * 1000 / ns;
 }
 
+/* With N instances, a quick request waits at most for a quick run as long as fewer than N runs in progress or
+ * waiting are slow ones (N = 1: none, the rule before instances). */
 int srv_version_quick(srv_version *v, const srv_tensors *in, int64_t budget_us) {
-    return v && !v->batcher && atomic_load_explicit(&v->slow_runs, memory_order_relaxed) == 0 &&
+    return v && !v->batcher && atomic_load_explicit(&v->slow_runs, memory_order_relaxed) < v->ninst &&
            version_quick_est(v, version_rows(in), budget_us);
 }
 
-/* Runs the session on inputs named by client names (any order); out gets the signature's outputs as copies.
- * Also the batcher's run function. out is emptied on error. */
-static srv_code version_run(void *ctx, const srv_tensors *in, srv_tensors *out, srv_error *err) {
-    srv_version *v = ctx;
-    const eng_graph *g = eng_session_graph(v->sess);
+/* Takes a free instance (the pinned one while warming up), waiting while all are busy; DEADLINE_EXCEEDED when
+ * deadline_us (> 0) passes first. */
+static srv_code version_take(srv_version *v, int64_t deadline_us, int *idx, srv_error *err) {
+    pthread_mutex_lock(&v->inst_mu);
+    for (;;) {
+        int k = -1;
+        if (v->pin >= 0) k = v->inst[v->pin].busy ? -1 : v->pin;
+        else
+            for (int i = 0; i < v->ninst && k < 0; i++)
+                if (!v->inst[i].busy) k = i;
+        if (k >= 0) {
+            v->inst[k].busy = 1;
+            pthread_mutex_unlock(&v->inst_mu);
+            *idx = k;
+            return SRV_OK;
+        }
+        if (deadline_us > 0 && srv_now_us() >= deadline_us) break;
+        if (deadline_us > 0) { /* inst_cv waits on CLOCK_MONOTONIC, srv_now_us's clock */
+            struct timespec ts = {(time_t)(deadline_us / 1000000), (long)(deadline_us % 1000000) * 1000};
+            pthread_cond_timedwait(&v->inst_cv, &v->inst_mu, &ts);
+        } else {
+            pthread_cond_wait(&v->inst_cv, &v->inst_mu);
+        }
+    }
+    pthread_mutex_unlock(&v->inst_mu);
+    return VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting for a free execution instance (all %d busy)",
+                v->ninst);
+}
+
+static void version_give(srv_version *v, int idx) {
+    pthread_mutex_lock(&v->inst_mu);
+    v->inst[idx].busy = 0;
+    pthread_cond_signal(&v->inst_cv);
+    pthread_mutex_unlock(&v->inst_mu);
+}
+
+/* After a successful run on instance idx (held): fold the run time into row_ns (exponential average, 1/8) and
+ * the plan's arena into the instance's largest. */
+static void version_note_run(srv_version *v, int idx, int64_t run_us, int64_t rows) {
+    int64_t ns = run_us * 1000 / rows, old = atomic_load_explicit(&v->row_ns, memory_order_relaxed), upd;
+    do upd = old ? old + (ns - old) / 8 : (ns > 0 ? ns : 1);
+    while (!atomic_compare_exchange_weak_explicit(&v->row_ns, &old, upd, memory_order_relaxed, memory_order_relaxed));
+    srv_instance *in = &v->inst[idx];
+    eng_plan_stats st;
+    eng_session_last_stats(in->sess, &st);
+    if (st.arena_bytes > atomic_load_explicit(&in->arena_bytes, memory_order_relaxed)) {
+        atomic_store_explicit(&in->arena_bytes, st.arena_bytes, memory_order_relaxed); /* only its holder writes */
+        if (v->metrics) srv_metrics_instance_bytes(v->metrics, v->model, v->version, idx, in->weight_bytes + st.arena_bytes);
+    }
+}
+
+/* Runs the inputs named by client names (any order) on a free instance; out gets the signature's outputs as
+ * copies. out is emptied on error. */
+static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
+                               srv_error *err) {
+    const eng_graph *g = eng_session_graph(v->inst[0].sess); /* every instance's graph has the same inputs/outputs */
     int nin = v->sig.ninputs;
     const char **names = calloc((size_t)nin + 1, sizeof *names);
     eng_tensor *feeds = calloc((size_t)nin + 1, sizeof *feeds);
@@ -112,16 +195,14 @@ static srv_code version_run(void *ctx, const srv_tensors *in, srv_tensors *out, 
     int64_t rows = version_rows(in);
     int slow = !version_quick_est(v, rows, VERSION_QUICK_US);
     if (slow) atomic_fetch_add_explicit(&v->slow_runs, 1, memory_order_relaxed);
+    int idx = -1;
+    if (c == SRV_OK) c = version_take(v, deadline_us, &idx, err);
     if (c == SRV_OK) {
-        pthread_mutex_lock(&v->run_mu);
         int64_t t0 = srv_now_us(), r0 = srv_metrics_clock_ns(); /* r*: Triton statistics (srv_metrics_run) */
-        eng_status st = eng_session_run(v->sess, nin, names, feeds, outs);
+        eng_status st = eng_session_run(v->inst[idx].sess, nin, names, feeds, outs);
         int64_t r1 = srv_metrics_clock_ns();
-        if (st == ENG_STATUS_OK) { /* per-row run time, exponential average (1/8), run_mu held */
-            int64_t ns = (srv_now_us() - t0) * 1000 / rows, old = atomic_load_explicit(&v->row_ns, memory_order_relaxed);
-            atomic_store_explicit(&v->row_ns, old ? old + (ns - old) / 8 : (ns > 0 ? ns : 1), memory_order_relaxed);
-        }
-        if (st != ENG_STATUS_OK) {
+        if (st == ENG_STATUS_OK) version_note_run(v, idx, srv_now_us() - t0, rows);
+        else {
             char pre[512];
             snprintf(pre, sizeof pre, "model '%s' version %lld: inference failed", v->model, (long long)v->version);
             c = srv_err_from_eng(err, st, pre);
@@ -131,7 +212,7 @@ static srv_code version_run(void *ctx, const srv_tensors *in, srv_tensors *out, 
                 c = VERR(SRV_RESOURCE_EXHAUSTED, "cannot copy output '%s' (out of memory or too large)",
                          v->sig.outputs[i].name);
         int64_t r2 = srv_metrics_clock_ns();
-        pthread_mutex_unlock(&v->run_mu);
+        version_give(v, idx);
         if (c == SRV_OK) srv_metrics_run(v->metrics, v->model, v->version, rows, r0, r1, r2);
     }
     if (slow) atomic_fetch_sub_explicit(&v->slow_runs, 1, memory_order_relaxed);
@@ -140,6 +221,12 @@ static srv_code version_run(void *ctx, const srv_tensors *in, srv_tensors *out, 
     free(feeds);
     free(outs);
     return c;
+}
+
+/* The batcher's run function: a batch runs on a free instance, however long it waits (each request in it was
+ * checked against its deadline by the batcher). */
+static srv_code version_run(void *ctx, const srv_tensors *in, srv_tensors *out, srv_error *err) {
+    return version_run_on(ctx, in, out, 0, err);
 }
 
 static void version_observe(void *ctx, int64_t rows, int64_t padded_rows, int64_t queue_us) {
@@ -229,7 +316,7 @@ srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors 
     if (c == SRV_OK) {
         srv_tensors view = {.n = v->sig.ninputs, .names = names, .t = ts};
         if (v->batcher && batchable) c = srv_batcher_submit(v->batcher, &view, out, deadline_us, err);
-        else c = version_run(v, &view, out, err);
+        else c = version_run_on(v, &view, out, deadline_us, err);
     }
     free(names);
     free(ts);
@@ -286,6 +373,14 @@ static int version_cancelled(const srv_version_ctx *ctx) {
     return ctx->cancel && atomic_load_explicit(ctx->cancel, memory_order_relaxed);
 }
 
+static void version_pin(srv_version *v, int idx) {
+    pthread_mutex_lock(&v->inst_mu);
+    v->pin = idx;
+    pthread_mutex_unlock(&v->inst_mu);
+}
+
+/* Replays the warm-up file, each record on every instance in turn (pinned, through the batcher when it batches
+ * the record, as requests will run), so that every instance has compiled the plans the records need. */
 static srv_code version_warmup(const srv_version_ctx *ctx, srv_version *v, srv_error *err) {
     char file[4096], why[SRV_ERR_MAX];
     if (snprintf(file, sizeof file, "%s/assets.extra/warmup.jsonl", v->path) >= (int)sizeof file)
@@ -327,14 +422,62 @@ static srv_code version_warmup(const srv_version_ctx *ctx, srv_version *v, srv_e
         srv_tfs_format fmt;
         srv_error e = {0};
         srv_code rc = srv_tfs_decode_predict(line + s, (size_t)len - s, &v->info, &in, &fmt, &e);
-        if (rc == SRV_OK) rc = srv_version_predict(v, &in, &out, 0, &e);
-        if (rc != SRV_OK) c = VERR(rc, "warm-up %s line %d failed: %s", file, lineno, e.msg);
+        int i = 0;
+        for (; rc == SRV_OK && i < v->ninst; i++) {
+            version_pin(v, i);
+            srv_tensors_free(&out);
+            rc = srv_version_predict(v, &in, &out, 0, &e);
+        }
+        version_pin(v, -1);
+        char on[48] = "";
+        if (rc != SRV_OK && v->ninst > 1 && i > 0) snprintf(on, sizeof on, " on instance %d", i - 1);
+        if (rc != SRV_OK) c = VERR(rc, "warm-up %s line %d failed%s: %s", file, lineno, on, e.msg);
         srv_tensors_free(&in);
         srv_tensors_free(&out);
     }
     if (c == SRV_OK && ferror(f)) c = VERR(SRV_INVALID_ARGUMENT, "%s: read error", file);
     free(line);
     fclose(f);
+    return c;
+}
+
+static size_t graph_weight_bytes(const eng_graph *g) {
+    size_t wb = 0;
+    for (int i = 0; i < g->nvalues; i++)
+        if (g->values[i].init) wb += eng_tensor_nbytes(g->values[i].init);
+    return wb;
+}
+
+/* Builds ninst sessions: instance 0 from g0, the others from deep copies of g0 made before any session rewrites
+ * it (eng_session_new_graph takes its graph and fuses it in place), so no two instances share a graph, a plan
+ * or a buffer. Takes g0 (freed on error too). v->ninst counts the sessions built. */
+static srv_code version_instances_new(const srv_version_ctx *ctx, srv_version *v, eng_graph *g0,
+                                      const eng_session_opts *so, int ninst, const char *onnx, srv_error *err) {
+    eng_graph **gs = calloc((size_t)ninst, sizeof *gs);
+    srv_code c = gs ? SRV_OK : VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 1; i < ninst && c == SRV_OK; i++) {
+        if (version_cancelled(ctx)) c = VERR(SRV_CANCELLED, "load cancelled (building instance %d of %d)", i, ninst);
+        else if (!(gs[i] = eng_graph_clone(g0)))
+            c = VERR(SRV_RESOURCE_EXHAUSTED, "out of memory copying %s for execution instance %d of %d", onnx, i, ninst);
+    }
+    if (gs) gs[0] = g0;
+    else eng_graph_free(&g0);
+    for (int i = 0; i < ninst && c == SRV_OK; i++) {
+        eng_status st = eng_session_new_graph(gs[i], so, &v->inst[i].sess);
+        gs[i] = NULL; /* taken, freed on error too */
+        if (st != ENG_STATUS_OK) {
+            char pre[4400];
+            if (ninst > 1) snprintf(pre, sizeof pre, "model '%s' version %lld: loading %s (execution instance %d of %d)",
+                                    v->model, (long long)v->version, onnx, i, ninst);
+            else snprintf(pre, sizeof pre, "model '%s' version %lld: loading %s", v->model, (long long)v->version, onnx);
+            c = srv_err_from_eng(err, st, pre);
+            break;
+        }
+        v->inst[i].weight_bytes = graph_weight_bytes(eng_session_graph(v->inst[i].sess));
+        v->ninst = i + 1;
+    }
+    for (int i = 0; gs && i < ninst; i++) eng_graph_free(&gs[i]);
+    free(gs);
     return c;
 }
 
@@ -349,7 +492,13 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
         return srv_err(err, SRV_RESOURCE_EXHAUSTED, "model '%s' version %lld: out of memory", model,
                            (long long)version);
     }
-    pthread_mutex_init(&v->run_mu, NULL);
+    pthread_mutex_init(&v->inst_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&v->inst_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    v->pin = -1;
     atomic_init(&v->refs, 1);
     v->reg = ctx->reg;
     v->id = ctx->id;
@@ -365,6 +514,11 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
     }
     eng_bundle_path(v->path, plen, base, version, NULL); /* fits: plen covers any int64 */
     if ((c = srv_bundle_sig_read(model, version, v->path, &v->sig, err)) != SRV_OK) goto fail;
+    int ninst = ctx->instances < 1 ? 1 : ctx->instances > SRV_MAX_INSTANCES ? SRV_MAX_INSTANCES : ctx->instances;
+    if (!(v->inst = calloc((size_t)ninst, sizeof *v->inst))) {
+        c = VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
     if (version_cancelled(ctx)) {
         c = VERR(SRV_CANCELLED, "load cancelled");
         goto fail;
@@ -390,7 +544,8 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
         eng_graph *g0 = NULL;
         st = eng_onnx_load_buffer(buf, blen, v->path, onnx, &g0);
         free(buf);
-        if (st == ENG_STATUS_OK) st = eng_session_new_graph(g0, &so, &v->sess);
+        if (st == ENG_STATUS_OK) c = version_instances_new(ctx, v, g0, &so, ninst, onnx, err);
+        if (c != SRV_OK) goto fail;
     }
     if (st != ENG_STATUS_OK) {
         char pre[4400];
@@ -398,11 +553,9 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
         c = srv_err_from_eng(err, st, pre);
         goto fail;
     }
-    const eng_graph *g = eng_session_graph(v->sess);
+    const eng_graph *g = eng_session_graph(v->inst[0].sess);
     if ((c = srv_bundle_sig_resolve(model, version, v->path, g, &v->sig, err)) != SRV_OK) goto fail;
-    size_t wb = 0;
-    for (int i = 0; i < g->nvalues; i++)
-        if (g->values[i].init) wb += eng_tensor_nbytes(g->values[i].init);
+    size_t wb = v->inst[0].weight_bytes;
     v->info = (srv_version_info){
         .model = v->model, .version = version, .path = v->path,
         .inputs = v->sig.inputs, .ninputs = v->sig.ninputs, .outputs = v->sig.outputs, .noutputs = v->sig.noutputs,

@@ -1,7 +1,8 @@
 /* version.h - private to the registry: the loaded-version object behind registry.h's opaque srv_version
- * (session, resolved signature, batcher, reference count) and how it is loaded and destroyed. The request-path
- * functions on it (srv_version_predict, _release, _get_info, ...) are declared in registry.h.
- * A version object is immutable after load except for its refcount and run-time estimates (version.c).
+ * (execution instances, resolved signature, batcher, reference count) and how it is loaded and destroyed. The
+ * request-path functions on it (srv_version_predict, _release, _get_info, ...) are declared in registry.h.
+ * A version object is immutable after load except for its refcount, which instances are busy, and run-time
+ * estimates (version.c).
  */
 #ifndef SRV_VERSION_H
 #define SRV_VERSION_H
@@ -14,6 +15,14 @@
 #include "metrics.h"
 #include "registry.h"
 
+/* One execution instance of a version. */
+typedef struct srv_instance {
+    eng_session *sess;
+    int busy;                   /* under the version's inst_mu */
+    size_t weight_bytes;        /* initializers of this instance's (fused) graph */
+    _Atomic size_t arena_bytes; /* largest activation arena of a plan it ran (eng_session_last_stats) */
+} srv_instance;
+
 struct srv_version {
     srv_version_info info;
     char *model, *path;
@@ -21,10 +30,16 @@ struct srv_version {
     uint64_t id;
     atomic_int refs;
     srv_bundle_sig sig;
-    eng_session *sess;
-    pthread_mutex_t run_mu; /* one run + output copy at a time (session outputs are views) */
+    /* Execution instances (Triton's instance_group count): each its own session built from its own copy of the
+     * parsed graph, so they share no mutable state. A run takes a free one (inst_mu, inst_cv) and holds it until
+     * its outputs are copied out (session outputs are views). */
+    srv_instance *inst;
+    int ninst;
+    pthread_mutex_t inst_mu;
+    pthread_cond_t inst_cv;  /* CLOCK_MONOTONIC (srv_now_us's clock): an instance was freed */
+    int pin;                 /* under inst_mu: >= 0 while warming up instance `pin` alone; -1 otherwise */
     _Atomic int64_t row_ns;  /* exponential average of run time per input row (ns); 0: not measured yet */
-    atomic_int slow_runs;    /* runs in progress or waiting for run_mu not expected to be quick */
+    atomic_int slow_runs;    /* runs in progress or waiting for an instance not expected to be quick */
     srv_batcher *batcher;
     srv_metrics *metrics;
     srv_registry *reg;       /* told when this object is destroyed */
@@ -34,17 +49,24 @@ typedef struct srv_version_ctx {
     srv_registry *reg;
     uint64_t id;                 /* unique per object, chosen by the registry */
     int session_threads;
+    int instances;               /* execution instances, 1..SRV_MAX_INSTANCES (srv_instances_resolve) */
     const srv_batch_opts *batching; /* NULL: off; must outlive the version */
     srv_metrics *metrics;        /* may be NULL */
     const atomic_int *cancel;    /* may be NULL; once non-zero the load stops at its next step (CANCELLED) */
 } srv_version_ctx;
 
-/* Reads the signature, loads and plans model.onnx, starts the batcher, replays the warm-up file. No lock is
- * held. Every file is opened through srv_bundle_open (never blocks; stays in the version directory). Checks
+/* Reads the signature, parses model.onnx once and builds ctx->instances sessions from copies of the graph,
+ * starts the batcher, replays the warm-up file on every instance. No lock is held. Every file is opened through srv_bundle_open (never blocks; stays in the version directory). Checks
  * ctx->cancel between steps and between warm-up records. On success *out has one reference; on failure the half-built object was destroyed (so the registry
  * was told through srv_registry_version_ended). Errors name model, version and file. */
 srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const char *base, int64_t version,
                           srv_version **out, srv_error *err);
+/* The instance count a version of a model gets: the model's instance_count when > 0, else the server's
+ * --instances_per_version when > 0, else max(1, usable cores (sched_getaffinity) / session_threads), where
+ * session_threads <= 0 means all cores (so 1 instance); capped at SRV_MAX_INSTANCES. */
+int srv_instances_resolve(int model_count, int server_count, int session_threads);
+/* Records v's instance gauges (count, bytes per instance) in v->metrics; no-op when NULL. Thread-safe. */
+void srv_version_metrics_instances(srv_version *v);
 /* Frees v (its last reference is gone), then calls srv_registry_version_ended. */
 void srv_version_destroy(srv_version *v);
 /* Defined in registry.c: object `id` (model, version) is gone: its status entry goes END and its metrics

@@ -103,6 +103,13 @@ def request_counts(text, model, version):
 # ----------------------------------------------------------------------------------------------------------------
 # model configuration
 
+def instances(srv, model):
+    """The execution instances /metrics reports for the model's version 1 (Triton's instance_group count)."""
+    got = u.metric_samples(srv.get("/metrics").text, "tensord_model_instances", model=model, version="1")
+    assert len(got) == 1, got
+    return int(got[0][1])
+
+
 def test_model_config(srv):
     c = client(srv)
     try:
@@ -113,7 +120,7 @@ def test_model_config(srv):
             assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [("x", "TYPE_FP32", [4])], cfg
             assert [(o["name"], o["data_type"], o["dims"]) for o in cfg["output"]] == [("probs", "TYPE_FP32", [5])], cfg
             assert "dynamic_batching" not in cfg, f"batching is off: {cfg}"
-            assert [(g["count"], g["kind"]) for g in cfg["instance_group"]] == [(1, "KIND_CPU")], cfg
+            assert [(g["count"], g["kind"]) for g in cfg["instance_group"]] == [(instances(srv, "cls"), "KIND_CPU")], cfg
         fixed = c.get_model_config("fixed")
         assert fixed["max_batch_size"] == 0, fixed
         assert fixed["input"][0]["dims"] == [2, 3] and fixed["output"][0]["dims"] == [2, 3], fixed
@@ -134,7 +141,7 @@ def test_model_config_batching(bsrv):
         assert cfg["max_batch_size"] == 8, cfg
         assert cfg["input"][0]["dims"] == [4] and cfg["output"][0]["dims"] == [4], cfg
         assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 2000, cfg
-        assert [(g["count"], g["kind"]) for g in cfg["instance_group"]] == [(1, "KIND_CPU")], cfg
+        assert [(g["count"], g["kind"]) for g in cfg["instance_group"]] == [(instances(bsrv, "st"), "KIND_CPU")], cfg
     finally:
         c.close()
 

@@ -8,6 +8,10 @@
 
 #define FIXTURE static __attribute__((unused))
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* the sources below are compiled in after the system headers: they need it from the start */
+#endif
+
 #include <criterion/criterion.h>
 
 #include <fcntl.h>

@@ -109,10 +109,16 @@ Test(metrics, stats_agree_with_prometheus) {
     srv_metrics_run(m, "m", 3, 4, 1000, 1300, 1350);
     srv_metrics_run(m, "m", 3, 4, 2000, 2100, 2110);
     srv_metrics_run(m, "m", 3, 1, 3000, 3050, 3060);
-    int64_t a, b, c;
-    cr_expect_eq(srv_metrics_run_last(3000, &a, &b, &c), 1);
-    cr_expect(a == 3000 && b == 3050 && c == 3060);
-    cr_expect_eq(srv_metrics_run_last(3001, &a, &b, &c), 0, "a run that started before the request was decoded");
+    srv_infer_times t1 = {0};
+    srv_infer_times_run(&t1, 3000); /* the last run on this thread started at 3000: it ran this request */
+    cr_expect(t1.queue_ns == 0 && t1.infer_ns == 50 && t1.output_ns == 10, "queue %lld infer %lld output %lld",
+              (long long)t1.queue_ns, (long long)t1.infer_ns, (long long)t1.output_ns);
+    srv_infer_times t2 = {0};
+    srv_infer_times_run(&t2, 2990);
+    cr_expect(t2.queue_ns == 10 && t2.infer_ns == 50, "decoded 10 ns before the run started");
+    srv_infer_times t3 = {0};
+    srv_infer_times_run(&t3, 3001); /* the run started before the request was decoded: not its run */
+    cr_expect(t3.queue_ns == 0 && t3.output_ns == 0 && t3.infer_ns > 0, "all of it counts as the run");
 
     srv_buf jb = {0};
     srv_metrics_stats_json(m, "m", 3, &jb);

@@ -1,0 +1,255 @@
+/* infer.c - the one inference request path and the worker pool (see infer.h).
+ *
+ * A request: srv_infer_route picks and holds the version (the one place version selection happens: the
+ * traffic router plugs in here) -> the front door's decode -> here when the version is quick for these rows
+ * (srv_version_quick) or the caller may block, else on the version's batcher (srv_version_predict_async) or a
+ * worker -> encode -> metrics (before the release: a retired version's series go with its last reference) ->
+ * release -> done. Every path ends in infer_finish, which calls done exactly once.
+ * Pool: a FIFO of srv_work; a thread is started whenever the queue is longer than the idle threads (up to
+ * SRV_INFER_MAX_WORKERS), so batching's many waiting requests each get one. Tracked work sits on a doubly
+ * linked list under dmu; srv_infer_cut_off detaches the whole list, then calls each cut outside the lock.
+ */
+#include "infer.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+
+struct srv_infer {
+    srv_registry *reg;
+    srv_metrics *m;
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    srv_work *head, *tail;
+    int queued, nthreads, nidle, stopping;
+    pthread_mutex_t dmu;
+    srv_work *tracked;
+};
+
+typedef struct srv_infer_call { /* a request that continues on another thread */
+    srv_work w;                 /* first: the pool sees only this */
+    srv_infer *inf;
+    srv_infer_req rq;
+    const srv_infer_ops *ops;
+    void *u;
+    srv_version *v;
+    srv_tensors in, out;
+    int64_t input_ns, dec_end_ns;
+} srv_infer_call;
+
+/* ---- version selection ---- */
+
+static srv_version *srv_infer_route(srv_infer *inf, const srv_infer_req *rq, srv_error *err) {
+    return srv_registry_acquire(inf->reg, rq->model, rq->version, rq->label, err);
+}
+
+/* ---- metrics ---- */
+
+/* Label values come from the configuration only, and a model name that matched nothing is not recorded
+ * verbatim (clients choose URLs): served requests keep both, others keep what the registry knows. */
+static void srv_infer_record(srv_infer *inf, const srv_infer_req *rq, const srv_version_info *info, srv_code code,
+                             const srv_infer_times *tm) {
+    int served = info != NULL;
+    const char *model =
+        served || (code != SRV_NOT_FOUND && srv_registry_has_model(inf->reg, rq->model)) ? rq->model : "";
+    const char *label = !rq->label ? NULL
+                        : served || srv_registry_has_label(inf->reg, rq->model, rq->label) ? rq->label
+                                                                                            : "unknown";
+    srv_metrics_infer(inf->m, model, served ? info->version : 0, label, rq->api, code,
+                      srv_metrics_clock_ns() - rq->t0_us * 1000, served ? tm : NULL);
+}
+
+/* ---- the second half of a request ---- */
+
+/* predict (unless done_out: it holds an asynchronous predict's result, rc its status) -> encode -> record ->
+ * release v -> done. Takes in, done_out and v. */
+static void srv_infer_finish(srv_infer *inf, const srv_infer_req *rq, const srv_infer_ops *ops, void *u,
+                             srv_version *v, srv_tensors *in, srv_tensors *done_out, srv_code rc, srv_error *err,
+                             int64_t input_ns, int64_t dec_end_ns) {
+    srv_tensors local = {0}, *outp = done_out ? done_out : &local;
+    const srv_version_info *info = srv_version_get_info(v);
+    srv_infer_times tm = {.input_ns = input_ns};
+    if (rc == SRV_OK && !done_out) rc = srv_version_predict(v, in, outp, rq->deadline_us, err);
+    if (rc == SRV_OK) {
+        int64_t t1 = srv_metrics_clock_ns(); /* the encode counts as output */
+        srv_infer_times_run(&tm, dec_end_ns);
+        int64_t mb = srv_kserve_max_batch(info, srv_registry_batching(inf->reg));
+        tm.rows = mb > 0 && in->n > 0 && in->t[0].ndim >= 1 && in->t[0].dims[0] > 0 ? in->t[0].dims[0] : 1;
+        rc = ops->encode(u, info, in, outp, err);
+        tm.output_ns += srv_metrics_clock_ns() - t1;
+    }
+    if (rc == SRV_OK) err->code = SRV_OK;
+    else if (err->code == SRV_OK) srv_err(err, SRV_INTERNAL, "request failed");
+    srv_infer_record(inf, rq, info, err->code, &tm);
+    srv_tensors_free(in);
+    srv_tensors_free(outp);
+    srv_version_release(v);
+    ops->done(u, err->code, err);
+}
+
+static void srv_infer_call_run(srv_work *w) {
+    srv_infer_call *c = (srv_infer_call *)w;
+    srv_error err = {0};
+    srv_infer_finish(c->inf, &c->rq, c->ops, c->u, c->v, &c->in, NULL, SRV_OK, &err, c->input_ns, c->dec_end_ns);
+    free(c);
+}
+
+static void srv_infer_batch_done(void *arg, srv_code rc, const srv_error *e) {
+    srv_infer_call *c = arg;
+    srv_error err = {0};
+    if (rc != SRV_OK) err = *e;
+    srv_infer_finish(c->inf, &c->rq, c->ops, c->u, c->v, &c->in, &c->out, rc, &err, c->input_ns, c->dec_end_ns);
+    free(c);
+}
+
+int srv_infer_submit(srv_infer *inf, const srv_infer_req *rq, const srv_infer_ops *ops, void *u) {
+    srv_error err = {0};
+    srv_version *v = srv_infer_route(inf, rq, &err);
+    if (!v) {
+        if (err.code == SRV_OK) srv_err(&err, SRV_INTERNAL, "request failed");
+        srv_infer_record(inf, rq, NULL, err.code, NULL);
+        ops->done(u, err.code, &err);
+        return 1;
+    }
+    srv_tensors in = {0};
+    int64_t t0 = srv_metrics_clock_ns();
+    srv_code rc = ops->decode(u, srv_version_get_info(v), &in, &err);
+    int64_t t1 = srv_metrics_clock_ns();
+    srv_infer_call *c = NULL;
+    if (rc == SRV_OK && !rq->may_block && !srv_version_quick(v, &in, SRV_INFER_INLINE_US) && (c = malloc(sizeof *c))) {
+        *c = (srv_infer_call){.w = {.run = srv_infer_call_run}, .inf = inf, .rq = *rq, .ops = ops, .u = u, .v = v,
+                              .in = in, .input_ns = t1 - t0, .dec_end_ns = t1};
+        if (ops->going_async) ops->going_async(u);
+        if (srv_version_predict_async(v, &c->in, &c->out, rq->deadline_us, srv_infer_batch_done, c)) return 0;
+        if (srv_infer_queue(inf, &c->w) != 0) srv_infer_call_run(&c->w); /* no worker: here after all */
+        return 0;
+    }
+    srv_infer_finish(inf, rq, ops, u, v, &in, NULL, rc, &err, t1 - t0, t1);
+    return 1;
+}
+
+/* ---- the worker pool ---- */
+
+static void *srv_infer_worker(void *arg) {
+    srv_infer *inf = arg;
+    pthread_mutex_lock(&inf->mu);
+    for (;;) {
+        while (!inf->head && !inf->stopping) {
+            inf->nidle++;
+            pthread_cond_wait(&inf->work, &inf->mu);
+            inf->nidle--;
+        }
+        if (!inf->head) break; /* stopping and drained */
+        srv_work *w = inf->head;
+        inf->head = w->next;
+        if (!inf->head) inf->tail = NULL;
+        inf->queued--;
+        pthread_mutex_unlock(&inf->mu);
+        w->run(w);
+        pthread_mutex_lock(&inf->mu);
+    }
+    inf->nthreads--;
+    pthread_cond_broadcast(&inf->idle);
+    pthread_mutex_unlock(&inf->mu);
+    return NULL;
+}
+
+int srv_infer_queue(srv_infer *inf, srv_work *w) {
+    pthread_mutex_lock(&inf->mu);
+    if (inf->queued + 1 > inf->nidle && inf->nthreads < SRV_INFER_MAX_WORKERS && !inf->stopping) {
+        pthread_attr_t a;
+        pthread_t t;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&a, 2 << 20);
+        if (pthread_create(&t, &a, srv_infer_worker, inf) == 0) inf->nthreads++;
+        pthread_attr_destroy(&a);
+    }
+    if (inf->nthreads == 0 || inf->stopping) {
+        pthread_mutex_unlock(&inf->mu);
+        return -1;
+    }
+    w->next = NULL;
+    if (inf->tail) inf->tail->next = w;
+    else inf->head = w;
+    inf->tail = w;
+    inf->queued++;
+    pthread_cond_signal(&inf->work);
+    pthread_mutex_unlock(&inf->mu);
+    return 0;
+}
+
+/* ---- requests still to answer ---- */
+
+void srv_infer_track(srv_infer *inf, srv_work *w) {
+    pthread_mutex_lock(&inf->dmu);
+    if (!w->tracked) {
+        w->tracked = 1;
+        w->dprev = NULL;
+        w->dnext = inf->tracked;
+        if (inf->tracked) inf->tracked->dprev = w;
+        inf->tracked = w;
+    }
+    pthread_mutex_unlock(&inf->dmu);
+}
+
+int srv_infer_untrack(srv_infer *inf, srv_work *w) {
+    pthread_mutex_lock(&inf->dmu);
+    int was = w->tracked;
+    if (was) {
+        if (w->dprev) w->dprev->dnext = w->dnext;
+        else inf->tracked = w->dnext;
+        if (w->dnext) w->dnext->dprev = w->dprev;
+        w->dprev = w->dnext = NULL;
+        w->tracked = 0;
+    }
+    pthread_mutex_unlock(&inf->dmu);
+    return was;
+}
+
+int srv_infer_cut_off(srv_infer *inf, const char *why) {
+    if (!inf) return 0;
+    pthread_mutex_lock(&inf->dmu);
+    srv_work *list = inf->tracked;
+    inf->tracked = NULL;
+    for (srv_work *w = list; w; w = w->dnext) w->tracked = 0;
+    pthread_mutex_unlock(&inf->dmu);
+    int n = 0;
+    for (srv_work *w = list, *next; w; w = next, n++) {
+        next = w->dnext; /* read first: cut may hand w back to its owner */
+        w->cut(w, why);
+    }
+    return n;
+}
+
+/* ---- life cycle ---- */
+
+srv_infer *srv_infer_new(srv_registry *reg, srv_metrics *m) {
+    srv_infer *inf = calloc(1, sizeof *inf);
+    if (!inf) return NULL;
+    inf->reg = reg;
+    inf->m = m;
+    pthread_mutex_init(&inf->mu, NULL);
+    pthread_cond_init(&inf->work, NULL);
+    pthread_cond_init(&inf->idle, NULL);
+    pthread_mutex_init(&inf->dmu, NULL);
+    return inf;
+}
+
+void srv_infer_free(srv_infer **p) {
+    if (!p || !*p) return;
+    srv_infer *inf = *p;
+    pthread_mutex_lock(&inf->mu);
+    inf->stopping = 1;
+    pthread_cond_broadcast(&inf->work);
+    while (inf->nthreads > 0) pthread_cond_wait(&inf->idle, &inf->mu);
+    pthread_mutex_unlock(&inf->mu);
+    pthread_mutex_destroy(&inf->mu);
+    pthread_cond_destroy(&inf->work);
+    pthread_cond_destroy(&inf->idle);
+    pthread_mutex_destroy(&inf->dmu);
+    free(inf);
+    *p = NULL;
+}
