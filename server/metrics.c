@@ -278,6 +278,17 @@ static srv_vstat *srv_vstat_find(srv_metrics *m, const char *base) {
     return i < 0 ? NULL : &m->v[i];
 }
 
+/* Room for one more element in an array of n (capacity *cap, doubling from 16). 0, or -1 out of memory. */
+static int srv_m_grow(void **arr, int *cap, int n, size_t elem) {
+    if (n < *cap) return 0;
+    int nc = *cap ? *cap * 2 : 16;
+    void *p = realloc(*arr, (size_t)nc * elem);
+    if (!p) return -1;
+    *arr = p;
+    *cap = nc;
+    return 0;
+}
+
 static int srv_vstat_live(const srv_vstat *v) { return v && srv_live_state(v->state); }
 
 /* Find or add the vstat of (model, version > 0) keyed by its base labels; NULL when full (a version that is not
@@ -289,13 +300,7 @@ static srv_vstat *srv_vstat_get(srv_metrics *m, const char *base, const char *mo
         m->dropped++;
         return NULL;
     }
-    if (m->nv == m->capv) {
-        int cap = m->capv ? m->capv * 2 : 16;
-        srv_vstat *nv = realloc(m->v, (size_t)cap * sizeof *nv);
-        if (!nv) return NULL;
-        m->v = nv;
-        m->capv = cap;
-    }
+    if (srv_m_grow((void **)&m->v, &m->capv, m->nv, sizeof *m->v) != 0) return NULL;
     v = &m->v[m->nv];
     memset(v, 0, sizeof *v);
     v->k.key = strdup(base);
@@ -328,13 +333,7 @@ static srv_series *srv_series_get(srv_metrics *m, int fi, const char *labels, co
         m->dropped++;
         return NULL;
     }
-    if (f->n == f->cap) {
-        int cap = f->cap ? f->cap * 2 : 16;
-        srv_series *s = realloc(f->s, (size_t)cap * sizeof *s);
-        if (!s) return NULL;
-        f->s = s;
-        f->cap = cap;
-    }
+    if (srv_m_grow((void **)&f->s, &f->cap, f->n, sizeof *f->s) != 0) return NULL;
     srv_series *s = &f->s[f->n];
     memset(s, 0, sizeof *s);
     s->k.key = strdup(labels);
