@@ -544,6 +544,27 @@ static srv_series *srv_instance_series(srv_metrics *m, const char *model, int64_
     return srv_series_get(m, SRV_F_INSTANCE_BYTES, lb, model, version, srv_reserved(m, base, version));
 }
 
+/* Drop f's series of (model, version); with from_instance >= 0 only those with instance="k", k >= it. m->mu held. */
+static void srv_family_drop(srv_family *f, const char *model, int64_t version, int from_instance) {
+    int w = 0;
+    for (int j = 0; j < f->n; j++) {
+        srv_series *s = &f->s[j];
+        const char *ip = from_instance >= 0 ? strstr(s->k.key, ",instance=\"") : NULL;
+        int match = s->version == version && strcmp(s->model, model) == 0 &&
+                    (from_instance < 0 || (ip && atoi(ip + 11) >= from_instance));
+        if (match) {
+            f->nother -= !s->reserved;
+            srv_series_free(s);
+        } else {
+            f->s[w++] = *s;
+        }
+    }
+    if (w != f->n) {
+        f->n = w;
+        srv_family_reindex(f);
+    }
+}
+
 void srv_metrics_instances(srv_metrics *m, const char *model, int64_t version, int n, const size_t *bytes) {
     if (!m) return;
     srv_metrics_set(m, SRV_F_INSTANCES, model, version, NULL, n, 0);
@@ -555,22 +576,7 @@ void srv_metrics_instances(srv_metrics *m, const char *model, int64_t version, i
         if (s && (double)bytes[i] > s->value) s->value = (double)bytes[i];
     }
     /* instances past n (an earlier object of this version number had more) */
-    srv_family *f = &m->f[SRV_F_INSTANCE_BYTES];
-    int w = 0;
-    for (int j = 0; j < f->n; j++) {
-        srv_series *s = &f->s[j];
-        const char *ip = strstr(s->k.key, ",instance=\"");
-        if (s->version == version && strcmp(s->model, mn) == 0 && ip && atoi(ip + 11) >= n) {
-            f->nother -= !s->reserved;
-            srv_series_free(s);
-        } else {
-            f->s[w++] = *s;
-        }
-    }
-    if (w != f->n) {
-        f->n = w;
-        srv_family_reindex(f);
-    }
+    srv_family_drop(&m->f[SRV_F_INSTANCE_BYTES], mn, version, n);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -606,25 +612,16 @@ void srv_metrics_forget(srv_metrics *m, const char *model, int64_t version) {
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < SRV_F_COUNT; i++) {
         srv_family *f = &m->f[i];
-        int keep = i == SRV_F_LOAD || i == SRV_F_SWAP; /* lifecycle history */
-        int w = 0;
-        for (int j = 0; j < f->n; j++) {
+        if (i != SRV_F_LOAD && i != SRV_F_SWAP) {
+            srv_family_drop(f, mn, version, -1);
+            continue;
+        }
+        for (int j = 0; j < f->n; j++) { /* lifecycle history stays, but no longer exempt from the cap */
             srv_series *s = &f->s[j];
-            int match = s->version == version && strcmp(s->model, mn) == 0;
-            if (match && keep && s->reserved) {
+            if (s->reserved && s->version == version && strcmp(s->model, mn) == 0) {
                 s->reserved = 0;
                 f->nother++;
             }
-            if (match && !keep) {
-                f->nother -= !s->reserved;
-                srv_series_free(s);
-            } else {
-                f->s[w++] = *s;
-            }
-        }
-        if (w != f->n) {
-            f->n = w;
-            srv_family_reindex(f);
         }
     }
     int w = 0;
