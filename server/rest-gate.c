@@ -34,13 +34,15 @@
 #define GATE_LINGER_US 2000000    /* lingering close after a canned reply */
 #define GATE_MAX_LINGER 4096      /* more lingering sockets than this: close at once */
 #define GATE_SCAN_US 100000       /* deadline scan period */
-#define GATE_EVICT_AGE_US 500000  /* a head-less connection this old may be dropped for a new one (a client
-                                   * that means it sends its head within milliseconds of connecting) */
+#define GATE_EVICT_AGE_US 500000  /* at the server's limit, a head-less connection this old may be dropped for
+                                   * a new one (a client that means it sends its head within milliseconds) */
+#define GATE_PROVISIONAL 16       /* connections an address at its limit may hold while they prove themselves */
 
 enum { GATE_FREE = 0, GATE_HEAD, GATE_MHD, GATE_LINGER };
 
 typedef struct gate_conn {
     uint8_t state, overflow;
+    uint8_t prov;           /* admitted over its address's limit: counted in gate_ip.prov until its head is in */
     int ip;                 /* index in the address table, -1 none */
     int64_t t_accept, t_last, deadline; /* deadline: 0 = none (request complete, being served) */
     socklen_t alen;
@@ -49,7 +51,7 @@ typedef struct gate_conn {
 
 typedef struct gate_ip {
     uint8_t key[16];
-    int used, count;
+    int used, count, prov; /* count: connections in HEAD or MHD; prov: provisional ones among HEAD (not in count) */
 } gate_ip;
 
 struct srv_gate {
@@ -96,7 +98,7 @@ static int gate_ip_slot(srv_gate *g, const uint8_t key[16]) {
             g->ips_used = 0;
             for (int i = 0; i < g->nips; i++) {
                 if (remap) remap[i] = -1;
-                if (!old[i].used || old[i].count == 0) continue;
+                if (!old[i].used || (old[i].count == 0 && old[i].prov == 0)) continue;
                 uint32_t h = gate_ip_hash(old[i].key) & (uint32_t)(g->nips - 1);
                 while (fresh[h].used) h = (h + 1) & (uint32_t)(g->nips - 1);
                 fresh[h] = old[i];
@@ -113,7 +115,7 @@ static int gate_ip_slot(srv_gate *g, const uint8_t key[16]) {
     for (int n = 0; n < g->nips; n++, h = (h + 1) & mask) {
         if (!g->ips[h].used) {
             g->ips[h].used = 1;
-            g->ips[h].count = 0;
+            g->ips[h].count = g->ips[h].prov = 0;
             memcpy(g->ips[h].key, key, 16);
             g->ips_used++;
             return (int)h;
@@ -131,12 +133,22 @@ static void gate_addr_str(const struct sockaddr_storage *sa, char *out, size_t n
 
 /* ---- entries (g->mu held) ---- */
 
+/* e no longer counts for its address. */
+static void gate_uncount(srv_gate *g, gate_conn *e) {
+    if (e->ip < 0) return;
+    gate_ip *a = &g->ips[e->ip];
+    if (e->prov && a->prov > 0) a->prov--;
+    else if (!e->prov && a->count > 0) a->count--;
+    e->ip = -1;
+    e->prov = 0;
+}
+
 static void gate_release(srv_gate *g, int fd) {
     gate_conn *e = &g->c[fd];
     if (e->state == GATE_HEAD) g->n_head--;
     else if (e->state == GATE_MHD) g->n_mhd--;
     else if (e->state == GATE_LINGER) g->n_linger--;
-    if ((e->state == GATE_HEAD || e->state == GATE_MHD) && e->ip >= 0 && g->ips[e->ip].count > 0) g->ips[e->ip].count--;
+    if (e->state == GATE_HEAD || e->state == GATE_MHD) gate_uncount(g, e);
     memset(e, 0, sizeof *e);
     e->ip = -1;
 }
@@ -172,8 +184,7 @@ static void gate_reply(srv_gate *g, int fd, int status, const char *msg) {
     int was_counted = e->state == GATE_HEAD || e->state == GATE_MHD;
     if (was_counted) {
         if (e->state == GATE_HEAD) g->n_head--;
-        if (e->ip >= 0 && g->ips[e->ip].count > 0) g->ips[e->ip].count--;
-        e->ip = -1;
+        gate_uncount(g, e);
     }
     if (g->n_linger >= GATE_MAX_LINGER || shutdown(fd, SHUT_WR) != 0) {
         epoll_ctl(g->ep, EPOLL_CTL_DEL, fd, NULL);
@@ -193,24 +204,35 @@ static void gate_close(srv_gate *g, int fd) {
     close(fd);
 }
 
-/* The oldest connection still waiting for its head after GATE_EVICT_AGE_US (of address ip, or any when
- * ip < 0); -1 if none. */
-static int gate_oldest_head(srv_gate *g, int ip) {
+enum { GATE_ANY_OLD, GATE_IP_PROV, GATE_IP_COUNTED };
+
+/* The oldest connection still waiting for its head: GATE_ANY_OLD any that has waited GATE_EVICT_AGE_US;
+ * GATE_IP_PROV a provisional one of address ip; GATE_IP_COUNTED a counted one of address ip. -1 if none. */
+static int gate_oldest_head(srv_gate *g, int ip, int which) {
     int best = -1;
     int64_t old = srv_now_us() - GATE_EVICT_AGE_US;
     for (int fd = 0; fd <= g->max_fd; fd++) {
         const gate_conn *e = &g->c[fd];
-        if (e->state != GATE_HEAD || (ip >= 0 && e->ip != ip) || e->t_accept > old) continue;
+        if (e->state != GATE_HEAD) continue;
+        if (which == GATE_ANY_OLD ? e->t_accept > old : e->ip != ip || e->prov != (which == GATE_IP_PROV)) continue;
         if (best < 0 || e->t_accept < g->c[best].t_accept) best = fd;
     }
     return best;
 }
 
-static void gate_evict(srv_gate *g, int fd) {
-    char msg[160];
-    snprintf(msg, sizeof msg, "request head not complete after %.1f s: dropped to make room for a new connection",
-             (double)(srv_now_us() - g->c[fd].t_accept) / 1e6);
-    gate_reply(g, fd, 408, msg);
+/* Drop fd, which has not sent its head, to make room (503: the client may retry). */
+static void gate_evict(srv_gate *g, int fd, const char *why) {
+    char msg[240];
+    snprintf(msg, sizeof msg, "request head not complete after %.1f s: dropped to make room for %s; retry shortly",
+             (double)(srv_now_us() - g->c[fd].t_accept) / 1e6, why);
+    gate_reply(g, fd, 503, msg);
+}
+
+static void gate_per_ip_msg(srv_gate *g, const gate_conn *e, char *msg, size_t n) {
+    char as[64];
+    gate_addr_str(&e->addr, as, sizeof as);
+    snprintf(msg, n, "too many connections from %s (limit %d, --rest_api_per_ip_connection_limit); retry shortly", as,
+             g->o.per_ip);
 }
 
 /* ---- the first request head ---- */
@@ -317,6 +339,21 @@ static void gate_peek(srv_gate *g, int fd, char *buf, size_t cap) {
         gate_reply(g, fd, st, msg);
         return;
     }
+    if (e->prov) { /* admitted over its address's limit: a counted connection that still sends nothing yields */
+        gate_ip *a = &g->ips[e->ip];
+        if (a->count >= g->o.per_ip) {
+            int victim = gate_oldest_head(g, e->ip, GATE_IP_COUNTED);
+            if (victim < 0) {
+                gate_per_ip_msg(g, e, msg, sizeof msg);
+                gate_reply(g, fd, 503, msg);
+                return;
+            }
+            gate_evict(g, victim, "a newer connection from the same address that sent its request");
+        }
+        a->prov--;
+        a->count++;
+        e->prov = 0;
+    }
     if (g->n_mhd >= g->o.conn_limit) {
         char method[16], path[512];
         gate_request_line(buf, hl, method, sizeof method, path, sizeof path);
@@ -395,21 +432,26 @@ static void gate_accept(srv_gate *g) {
         uint8_t key[16];
         gate_ip_key(&sa, key);
         int ip = gate_ip_slot(g, key);
-        char msg[200], as[64];
+        char msg[240];
+        int prov = 0;
         if (ip >= 0 && g->ips[ip].count >= g->o.per_ip) {
-            int victim = gate_oldest_head(g, ip);
-            if (victim < 0) {
-                gate_addr_str(&sa, as, sizeof as);
-                snprintf(msg, sizeof msg, "too many connections from %s (limit %d, --rest_api_per_ip_connection_limit); "
-                         "retry shortly", as, g->o.per_ip);
+            /* Over its address's limit: let it prove itself (a complete head, see gate_peek) in one of a few
+             * provisional slots, the oldest of which makes way. */
+            int nprov = g->o.per_ip < GATE_PROVISIONAL ? g->o.per_ip : GATE_PROVISIONAL;
+            if (g->ips[ip].prov >= nprov) {
+                int victim = gate_oldest_head(g, ip, GATE_IP_PROV);
+                if (victim >= 0) gate_evict(g, victim, "a newer connection from the same address");
+            }
+            if (g->ips[ip].prov >= nprov) {
+                gate_per_ip_msg(g, e, msg, sizeof msg);
                 gate_reply(g, fd, 503, msg);
                 pthread_mutex_unlock(&g->mu);
                 continue;
             }
-            gate_evict(g, victim);
+            prov = 1;
         }
         if (g->n_head - 1 + g->n_mhd >= g->o.conn_limit + g->o.reserve) {
-            int victim = gate_oldest_head(g, -1);
+            int victim = gate_oldest_head(g, -1, GATE_ANY_OLD);
             if (victim == fd || victim < 0) {
                 snprintf(msg, sizeof msg, "the server is at its connection limit (%d, --rest_api_connection_limit); "
                          "retry shortly", g->o.conn_limit);
@@ -417,10 +459,14 @@ static void gate_accept(srv_gate *g) {
                 pthread_mutex_unlock(&g->mu);
                 continue;
             }
-            gate_evict(g, victim);
+            gate_evict(g, victim, "a new connection");
         }
         e->ip = ip;
-        if (ip >= 0) g->ips[ip].count++;
+        e->prov = (uint8_t)prov;
+        if (ip >= 0) {
+            if (prov) g->ips[ip].prov++;
+            else g->ips[ip].count++;
+        }
         e->deadline = e->t_accept + (int64_t)g->o.header_timeout_s * 1000000;
         pthread_mutex_unlock(&g->mu);
     }

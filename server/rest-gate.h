@@ -9,10 +9,13 @@
  *  - deadline: a request's head and body must arrive within header_timeout_s of the accept (for the first
  *    request) or within idle_timeout_s of the previous response (keep-alive); a connection that sends nothing
  *    for idle_timeout_s is closed as well. Past it: 408 (still in the gate) or the connection is shut down;
- *  - per client address at most per_ip connections; over it the oldest connection of that address that has
- *    waited over 0.5 s for its head is dropped (408) to make room, else the new one gets 503 with Retry-After;
- *  - at conn_limit connections (gate + MHD) the same: drop the oldest such head-less connection, else 503 with
- *    Retry-After at once. Health requests (srv_rest_is_health) still get one of `reserve` extra slots;
+ *  - per client address at most per_ip connections. A connection over it waits in one of 16 provisional slots
+ *    (the oldest makes way for a newer one); once its head is complete, the oldest connection of that address
+ *    that still has not sent its head is dropped (503) to let it in, else it gets 503 with Retry-After. So a
+ *    client that sends its requests is served even while trickling connections fill its address's share;
+ *  - at conn_limit connections (gate + MHD): drop the oldest connection that has waited over 0.5 s for its
+ *    head, else 503 with Retry-After at once. Health requests (srv_rest_is_health) still get one of `reserve`
+ *    extra slots;
  *  - first heads larger than max_head bytes get 431 (414 for a request line over 8 KiB), a NUL byte 400,
  *    duplicate Content-Length or Content-Length with Transfer-Encoding 400; all as JSON {"error": ...}, each
  *    followed by a lingering close (shutdown, read and drop for up to 2 s) so the client sees the reply.
