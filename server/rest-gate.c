@@ -254,6 +254,18 @@ int srv_rest_is_health(const char *method, const char *path) {
     return 0;
 }
 
+int srv_rest_framing_bad(int ncl, int nte, char *msg, size_t n) {
+    if (ncl <= 1 && nte <= 1 && !(ncl && nte)) return 0;
+    snprintf(msg, n, "conflicting message framing: %d Content-Length and %d Transfer-Encoding headers (at most one of "
+             "them, once)", ncl, nte);
+    return 1;
+}
+
+void srv_rest_limit_msg(int conn_limit, char *msg, size_t n) {
+    snprintf(msg, n, "the server is at its connection limit (%d, --rest_api_connection_limit); retry shortly",
+             conn_limit);
+}
+
 /* Case-insensitive header-name match at the start of line p (of length n). */
 static int gate_is_header(const char *p, size_t n, const char *name) {
     size_t k = strlen(name);
@@ -280,12 +292,7 @@ static int gate_check_head(const char *h, size_t hl, char *msg, size_t mn) {
         if (gate_is_header(p, n, "Transfer-Encoding")) nte++;
         p += n + 1;
     }
-    if (ncl > 1 || nte > 1 || (ncl && nte)) {
-        snprintf(msg, mn, "conflicting message framing: %d Content-Length and %d Transfer-Encoding headers (at most one of "
-                 "them, once)", ncl, nte);
-        return 400;
-    }
-    return 0;
+    return srv_rest_framing_bad(ncl, nte, msg, mn) ? 400 : 0;
 }
 
 /* Method and path of the head's request line (for the health check). */
@@ -358,8 +365,7 @@ static void gate_peek(srv_gate *g, int fd, char *buf, size_t cap) {
         char method[16], path[512];
         gate_request_line(buf, hl, method, sizeof method, path, sizeof path);
         if (!srv_rest_is_health(method, path) || g->n_mhd >= g->o.conn_limit + g->o.reserve) {
-            snprintf(msg, sizeof msg, "the server is at its connection limit (%d, --rest_api_connection_limit); retry "
-                     "shortly", g->o.conn_limit);
+            srv_rest_limit_msg(g->o.conn_limit, msg, sizeof msg);
             gate_reply(g, fd, 503, msg);
             return;
         }
@@ -453,8 +459,7 @@ static void gate_accept(srv_gate *g) {
         if (g->n_head - 1 + g->n_mhd >= g->o.conn_limit + g->o.reserve) {
             int victim = gate_oldest_head(g, -1, GATE_ANY_OLD);
             if (victim == fd || victim < 0) {
-                snprintf(msg, sizeof msg, "the server is at its connection limit (%d, --rest_api_connection_limit); "
-                         "retry shortly", g->o.conn_limit);
+                srv_rest_limit_msg(g->o.conn_limit, msg, sizeof msg);
                 gate_reply(g, fd, 503, msg);
                 pthread_mutex_unlock(&g->mu);
                 continue;

@@ -64,4 +64,10 @@ int srv_gate_overflow(srv_gate *g, int fd);
  * {v}]/ready, GET /v1/models/{m}[/versions/{v}|/labels/{l}] (TF Serving's status). */
 int srv_rest_is_health(const char *method, const char *path);
 
+/* The framing rule both parsers apply (the gate on a first request's raw head, rest.c on MHD's headers): more
+ * than one Content-Length or Transfer-Encoding, or both, is refused. 1 with msg set, else 0. */
+int srv_rest_framing_bad(int ncl, int nte, char *msg, size_t n);
+/* The 503 message at the connection limit. */
+void srv_rest_limit_msg(int conn_limit, char *msg, size_t n);
+
 #endif

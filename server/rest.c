@@ -341,14 +341,9 @@ static enum MHD_Result srv_rest_head(srv_rest *r, struct MHD_Connection *c, srv_
     if (cn->bad_url) return srv_rest_refuse(r, c, cn, 400, "the request target contains a NUL byte");
     srv_rest_framing f = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, srv_rest_count_framing, &f);
-    if (f.cl > 1 || f.te > 1 || (f.cl && f.te)) {
-        snprintf(msg, sizeof msg, "conflicting message framing: %d Content-Length and %d Transfer-Encoding headers (at "
-                 "most one of them, once)", f.cl, f.te);
-        return srv_rest_refuse(r, c, cn, 400, msg);
-    }
+    if (srv_rest_framing_bad(f.cl, f.te, msg, sizeof msg)) return srv_rest_refuse(r, c, cn, 400, msg);
     if (srv_gate_overflow(r->gate, cn->fd) && !srv_rest_is_health(method, url)) {
-        snprintf(msg, sizeof msg, "the server is at its connection limit (%d, --rest_api_connection_limit); retry "
-                 "shortly", r->conn_limit);
+        srv_rest_limit_msg(r->conn_limit, msg, sizeof msg);
         return srv_rest_refuse(r, c, cn, 503, msg);
     }
     const char *ce = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);

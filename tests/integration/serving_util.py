@@ -239,23 +239,16 @@ def server_fixture_finalize(srv):
 # ----------------------------------------------------------------------------------------------------------------
 # bundles and config files
 
-def write_version(base, version, model, signature=None, files=None):
-    """Write <base>/<version>/ atomically: build <base>/.tmp-<version>-<pid>/ then rename() it into place.
-    model: onnx.ModelProto or bytes (bytes may be garbage, for corrupt-version tests)."""
+def stage_version(base, version, fill):
+    """Build <base>/.tmp-<version>-<pid>/ with fill(tmpdir), fsync it, then rename() it to <base>/<version>
+    (DESIGN.md: a version directory is complete or absent). Returns the version directory."""
     base = str(base)
     os.makedirs(base, exist_ok=True)
     tmp = os.path.join(base, f".tmp-{version}-{os.getpid()}")
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
     os.makedirs(tmp)
-    data = model if isinstance(model, (bytes, bytearray)) else model.SerializeToString()
-    _write_synced(os.path.join(tmp, "model.onnx"), data)
-    if signature is not None:
-        _write_synced(os.path.join(tmp, "signature.json"), json.dumps(signature).encode())
-    for name, content in (files or {}).items():
-        p = os.path.join(tmp, name)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        _write_synced(p, content if isinstance(content, bytes) else content.encode())
+    fill(tmp)
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -263,6 +256,21 @@ def write_version(base, version, model, signature=None, files=None):
         os.close(fd)
     os.rename(tmp, os.path.join(base, str(version)))
     return os.path.join(base, str(version))
+
+
+def write_version(base, version, model, signature=None, files=None):
+    """Write <base>/<version>/ atomically (stage_version). model: onnx.ModelProto or bytes (bytes may be garbage,
+    for corrupt-version tests)."""
+    def fill(tmp):
+        data = model if isinstance(model, (bytes, bytearray)) else model.SerializeToString()
+        _write_synced(os.path.join(tmp, "model.onnx"), data)
+        if signature is not None:
+            _write_synced(os.path.join(tmp, "signature.json"), json.dumps(signature).encode())
+        for name, content in (files or {}).items():
+            p = os.path.join(tmp, name)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            _write_synced(p, content if isinstance(content, bytes) else content.encode())
+    return stage_version(base, version, fill)
 
 
 def _write_synced(path, data):

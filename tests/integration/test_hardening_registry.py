@@ -30,17 +30,7 @@ BOUND = 15  # seconds any expected change may take
 # ----------------------------------------------------------------------------------------------------------------
 # helpers
 
-def stage_version(base, version, fill):
-    """Build <base>/.tmp-<version>/ with fill(tmpdir), then rename it to <base>/<version> (complete or absent)."""
-    base = str(base)
-    os.makedirs(base, exist_ok=True)
-    tmp = os.path.join(base, f".tmp-{version}-{os.getpid()}")
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    os.makedirs(tmp)
-    fill(tmp)
-    os.rename(tmp, os.path.join(base, str(version)))
-    return os.path.join(base, str(version))
+stage_version = u.stage_version
 
 
 def fifo_model(tmp):
