@@ -25,9 +25,9 @@ endif
 GEN := $(BUILD)/gen
 WERROR := $(if $(CI),-Werror,)
 CFLAGS_BASE := -std=gnu11 -march=$(ARCH) $(OPT) -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
-	$(WERROR) -fopenmp -fPIC -I. -I$(GEN) $(SANFLAGS)
+	$(WERROR) -fopenmp -fPIC -I. -I$(GEN) -I$(GEN)/proto $(SANFLAGS)
 CFLAGS += $(CFLAGS_BASE)
-LDLIBS := -lmicrohttpd -lcjson -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
+LDLIBS := -lgrpc -lgpr -lmicrohttpd -lcjson -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
 
 # ---- feature detection: one line per feature ----
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -46,7 +46,12 @@ LIB_SRC := $(wildcard engine/*.c engine/*/*.c kernels/*.c kernels/cpu/*.c)
 BIN_SRC := $(wildcard server/*.c admin/*.c models/*.c)
 CU_SRC := $(wildcard kernels/cuda/*.cu)
 LIB_OBJ := $(GEN)/onnx.pb-c.o $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
-BIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(BIN_SRC))
+# The gRPC APIs' messages (proto/*.proto, written to the public field numbers) are generated at build time.
+PROTO_SRC := $(wildcard proto/*.proto)
+PROTO_C := $(patsubst proto/%.proto,$(GEN)/proto/%.pb-c.c,$(PROTO_SRC))
+PROTO_H := $(PROTO_C:.c=.h)
+PROTO_OBJ := $(PROTO_C:.c=.o)
+BIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(BIN_SRC)) $(PROTO_OBJ)
 CU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
@@ -61,7 +66,14 @@ $(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
 $(GEN)/onnx.pb-c.o: $(GEN)/onnx.pb-c.c
 	$(CC) $(CFLAGS_BASE) -w -c $< -o $@
 
-$(BUILD)/obj/%.o: %.c $(GEN)/onnx.pb-c.h Makefile
+$(PROTO_C) $(PROTO_H) &: $(PROTO_SRC)
+	@mkdir -p $(GEN)/proto
+	protoc-c --c_out=$(GEN)/proto -Iproto $(PROTO_SRC)
+
+$(GEN)/proto/%.pb-c.o: $(GEN)/proto/%.pb-c.c $(PROTO_H)
+	$(CC) $(CFLAGS_BASE) -w -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(GEN)/onnx.pb-c.h $(PROTO_H) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
@@ -78,7 +90,7 @@ $(BUILD)/obj/%.o: %.cu
 	$(NVCC) -O3 -I. -Xcompiler -fPIC -c $< -o $@
 
 # Unit tests #include the server sources they test: -MMD records those, so editing one rebuilds the test.
-$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a Makefile
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a $(PROTO_H) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a -lcriterion $(LDLIBS)
 
@@ -86,7 +98,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a Makefile
 
 # ---- dependencies ----
 APT_PKGS := build-essential clang libclang-rt-14-dev pkg-config libdnnl-dev libopenblas-dev libprotobuf-c-dev \
-	protobuf-c-compiler libonnx-dev libonnx-testdata libmicrohttpd-dev libcjson-dev libcriterion-dev zlib1g-dev \
+	protobuf-c-compiler libonnx-dev libonnx-testdata libmicrohttpd-dev libcjson-dev libcriterion-dev zlib1g-dev libgrpc-dev \
 	dataset-fashion-mnist python3-venv python3-pip curl wrk python3-torchvision python3-onnx
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -145,11 +157,11 @@ demo: all
 	$(BUILD)/tensord predict --model $(BUILD)/demo/fashion/1 --input images=$(BUILD)/demo/images.npy --output-dir $(BUILD)/demo/out
 	$(PY) models/demo/show.py $(BUILD)/demo/out/probabilities.npy $(BUILD)/demo/labels.npy
 
-# Serve the demo bundle on the TF Serving ports (REST 8501) until Ctrl-C, on loopback only; `make serve-demo
+# Serve the demo bundle on the TF Serving ports (gRPC 8500, REST 8501) until Ctrl-C, on loopback only; `make serve-demo
 # DEMO_HOST=0.0.0.0` exposes it on every interface.
 DEMO_HOST ?= 127.0.0.1
 serve-demo: demo
-	$(BUILD)/tensord serve --port=0 --rest_api_host=$(DEMO_HOST) --rest_api_port=8501 --model_name=fashion --model_base_path=$(BUILD)/demo/fashion
+	$(BUILD)/tensord serve --port=8500 --rest_api_host=$(DEMO_HOST) --rest_api_port=8501 --model_name=fashion --model_base_path=$(BUILD)/demo/fashion
 
 clean:
 	rm -rf build

@@ -5,11 +5,14 @@
  * is the sum of rows in the FIFO. A blocking submitter only returns after its request left both places, so
  * the worker never writes into a request whose caller is gone. An asynchronous request (heap-allocated, no
  * waiter) is completed by the worker: its callback runs outside the lock, then the worker frees it; one whose
- * deadline passes in the queue is taken out by the worker that next forms a batch.
+ * deadline passes in the queue, or whose caller cancels it, is taken out by a worker: the one waiting for the
+ * open batch to fill wakes at the earliest queued deadline, and every BT_CANCEL_POLL_US while a cancellable
+ * request is queued; otherwise the worker that next forms a batch.
  */
 #include "batcher.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +31,7 @@ typedef struct bt_req {
     srv_batch_done_fn async_done; /* non-NULL: asynchronous (see batcher.h); the worker completes and frees it */
     void *async_arg;
     int64_t deadline_us;
+    const atomic_int *cancel; /* asynchronous only: non-zero once the caller gave up (a cancelled gRPC call) */
     struct bt_req *next;
 } bt_req;
 
@@ -168,15 +172,23 @@ static bt_req *bt_unlink(srv_batcher *b, bt_req **pp, bt_req *prev) {
     return r;
 }
 
-/* Take every asynchronous request whose deadline passed out of the queue (lock held); returns them as a list. */
+#define BT_CANCEL_POLL_US 10000
+
+/* Take every asynchronous request whose deadline passed or whose caller cancelled it out of the queue (lock
+ * held); returns them as a list. */
 static bt_req *bt_take_expired(srv_batcher *b) {
     bt_req *list = NULL, **lt = &list, **pp = &b->head, *prev = NULL;
     int64_t now = 0;
     while (*pp) {
         bt_req *r = *pp;
-        if (r->async_done && r->deadline_us > 0 && (now ? now : (now = srv_now_us())) >= r->deadline_us) {
+        int gone = r->cancel ? atomic_load(r->cancel) : 0;
+        int late = r->deadline_us > 0 && (now ? now : (now = srv_now_us())) >= r->deadline_us;
+        if (r->async_done && (gone || late)) {
             bt_unlink(b, pp, prev);
-            r->code = srv_err(&r->err, SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting in the batching queue");
+            r->code = late || gone == SRV_CANCEL_DEADLINE
+                          ? srv_err(&r->err, SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting in the batching queue")
+                          : srv_err(&r->err, SRV_CANCELLED, "the client cancelled the request while it waited in the "
+                                                            "batching queue");
             *lt = r, lt = &r->next;
         } else {
             prev = r;
@@ -185,6 +197,25 @@ static bt_req *bt_take_expired(srv_batcher *b) {
     }
     *lt = NULL;
     return list;
+}
+
+/* How long until a queued asynchronous request must leave the queue (its deadline; BT_CANCEL_POLL_US for one
+ * that can be cancelled; 0: one must leave now), or -1 when none can (lock held). */
+static int64_t bt_wake_us(const srv_batcher *b, int64_t now) {
+    int64_t best = -1;
+    for (const bt_req *r = b->head; r; r = r->next) {
+        if (!r->async_done) continue;
+        if (r->cancel) {
+            if (atomic_load(r->cancel)) return 0;
+            if (best < 0 || BT_CANCEL_POLL_US < best) best = BT_CANCEL_POLL_US;
+        }
+        if (r->deadline_us > 0) {
+            int64_t d = r->deadline_us - now;
+            if (d <= 0) return 0;
+            if (best < 0 || d < best) best = d;
+        }
+    }
+    return best;
 }
 
 /* Run the callbacks of a list of finished asynchronous requests and free them (no lock held). */
@@ -197,6 +228,15 @@ static void bt_complete_async(bt_req *r) {
     }
 }
 
+/* Answer the requests that must leave the queue (expired, cancelled); lock held, dropped while they complete. */
+static void bt_sweep(srv_batcher *b) {
+    bt_req *expired = bt_take_expired(b);
+    if (!expired) return;
+    pthread_mutex_unlock(&b->mu);
+    bt_complete_async(expired);
+    pthread_mutex_lock(&b->mu);
+}
+
 static void *bt_worker(void *arg) {
     srv_batcher *b = arg;
     bt_req **batch = malloc((size_t)(b->o.max_batch_size + 1) * sizeof *batch);
@@ -206,18 +246,19 @@ static void *bt_worker(void *arg) {
         if (!b->head) break; /* stopping and drained */
         /* wait for the batch to fill, up to batch_timeout_micros after the oldest request arrived */
         while (!b->stopping && b->head && bt_joinable_rows(b) < b->o.max_batch_size) {
-            int64_t left = b->head->enq_us + b->o.batch_timeout_micros - srv_now_us();
+            int64_t now = srv_now_us(), left = b->head->enq_us + b->o.batch_timeout_micros - now;
             if (left <= 0) break;
+            int64_t wake = bt_wake_us(b, now);
+            if (wake == 0) { /* one must leave now: answer it, then wait on for the rest */
+                bt_sweep(b);
+                continue;
+            }
+            if (wake > 0 && wake < left) left = wake;
             struct timespec ts;
             bt_abstime(left, &ts);
             pthread_cond_timedwait(&b->work, &b->mu, &ts);
         }
-        bt_req *expired = bt_take_expired(b);
-        if (expired) {
-            pthread_mutex_unlock(&b->mu);
-            bt_complete_async(expired);
-            pthread_mutex_lock(&b->mu);
-        }
+        bt_sweep(b);
         if (!b->head) continue; /* another worker took it, or it expired */
         const srv_tensors *lead = b->head->in;
         int n = 0;
@@ -320,7 +361,7 @@ static srv_code bt_enqueue(srv_batcher *b, bt_req *r, srv_error *err) {
 }
 
 void srv_batcher_submit_async(srv_batcher *b, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                              srv_batch_done_fn done, void *arg) {
+                              const atomic_int *cancel, srv_batch_done_fn done, void *arg) {
     srv_error err = {0};
     int64_t rows = 0;
     srv_code c = bt_rows(b, in, &rows, &err);
@@ -328,7 +369,7 @@ void srv_batcher_submit_async(srv_batcher *b, const srv_tensors *in, srv_tensors
     if (c == SRV_OK && !r) c = srv_err(&err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     if (c == SRV_OK) {
         *r = (bt_req){.in = in, .out = out, .rows = rows, .enq_us = srv_now_us(), .async_done = done,
-                      .async_arg = arg, .deadline_us = deadline_us};
+                      .async_arg = arg, .deadline_us = deadline_us, .cancel = cancel};
         pthread_mutex_lock(&b->mu);
         c = bt_enqueue(b, r, &err);
         pthread_mutex_unlock(&b->mu);

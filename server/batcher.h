@@ -10,6 +10,8 @@
 #ifndef SRV_BATCHER_H
 #define SRV_BATCHER_H
 
+#include <stdatomic.h>
+
 #include "srv.h"
 
 typedef struct srv_batch_opts {
@@ -44,8 +46,11 @@ srv_code srv_batcher_submit(srv_batcher *b, const srv_tensors *in, srv_tensors *
  * queue full, unloading). in (and everything it points to) must stay valid until done runs. A server thread
  * can hand a request over this way and go on: no thread waits for the batch. */
 typedef void (*srv_batch_done_fn)(void *arg, srv_code code, const srv_error *err);
+/* cancel (may be NULL) is watched while the request is queued: once it reads non-zero the request leaves the
+ * queue without running (within about 10 ms while a worker waits for the batch to fill; at the latest when the
+ * next batch forms) and done gets CANCELLED. A deadline that passes in the queue wakes the waiting worker too. */
 void srv_batcher_submit_async(srv_batcher *b, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                              srv_batch_done_fn done, void *arg);
+                              const atomic_int *cancel, srv_batch_done_fn done, void *arg);
 /* Finishes queued work, joins the workers, frees; sets *b NULL. */
 void srv_batcher_free(srv_batcher **b);
 

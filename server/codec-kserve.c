@@ -629,3 +629,13 @@ done:
     free(bin);
     return res;
 }
+
+const char *srv_kserve_state(srv_state s) {
+    switch (s) {
+    case SRV_STATE_AVAILABLE: return "READY";
+    case SRV_STATE_START:
+    case SRV_STATE_LOADING: return "LOADING";
+    case SRV_STATE_UNLOADING: return "UNLOADING";
+    default: return "UNAVAILABLE";
+    }
+}

@@ -582,21 +582,47 @@ static int srv_tfs_pick(const srv_tensors *out, const char *const *names) {
     return out->n > 0 ? 0 : -1;
 }
 
-char *srv_tfs_encode_classify(const srv_version_info *info, const srv_tensors *out, size_t *len, srv_error *err) {
+int srv_tfs_classify_scores(const srv_tensors *out, int64_t *n, int64_t *k, srv_error *err) {
     static const char *const names[] = {"scores", "probabilities", "probs", "output", "outputs", NULL};
     char sb[160];
     int j = srv_tfs_pick(out, names);
     if (j < 0) {
         srv_err(err, SRV_INTERNAL, "the model produced no outputs");
-        return NULL;
+        return -1;
     }
     const eng_tensor *t = &out->t[j];
     if (t->ndim < 1 || t->ndim > 2) {
         srv_err(err, SRV_FAILED_PRECONDITION, "classify needs scores of shape [batch, classes]; output '%s' is %s",
                 out->names[j], eng_shape_str(t->dims, t->ndim, sb, sizeof sb));
-        return NULL;
+        return -1;
     }
-    int64_t n = t->dims[0], k = t->ndim == 2 ? t->dims[1] : 1;
+    *n = t->dims[0];
+    *k = t->ndim == 2 ? t->dims[1] : 1;
+    return j;
+}
+
+int srv_tfs_regress_values(const srv_tensors *out, srv_error *err) {
+    static const char *const names[] = {"outputs", "output", "predictions", "scores", NULL};
+    char sb[160];
+    int j = srv_tfs_pick(out, names);
+    if (j < 0) {
+        srv_err(err, SRV_INTERNAL, "the model produced no outputs");
+        return -1;
+    }
+    const eng_tensor *t = &out->t[j];
+    if (t->ndim < 1 || t->ndim > 2 || (t->ndim == 2 && t->dims[1] != 1)) {
+        srv_err(err, SRV_FAILED_PRECONDITION, "regress needs one value per example; output '%s' is %s",
+                out->names[j], eng_shape_str(t->dims, t->ndim, sb, sizeof sb));
+        return -1;
+    }
+    return j;
+}
+
+char *srv_tfs_encode_classify(const srv_version_info *info, const srv_tensors *out, size_t *len, srv_error *err) {
+    int64_t n, k;
+    int j = srv_tfs_classify_scores(out, &n, &k, err);
+    if (j < 0) return NULL;
+    const eng_tensor *t = &out->t[j];
     int use_labels = info && info->labels && info->nlabels == k;
     srv_buf b = {0};
     srv_buf_puts(&b, "{\"results\":[");
@@ -617,19 +643,9 @@ char *srv_tfs_encode_classify(const srv_version_info *info, const srv_tensors *o
 }
 
 char *srv_tfs_encode_regress(const srv_version_info *info, const srv_tensors *out, size_t *len, srv_error *err) {
-    static const char *const names[] = {"outputs", "output", "predictions", "scores", NULL};
-    char sb[160];
-    int j = srv_tfs_pick(out, names);
-    if (j < 0) {
-        srv_err(err, SRV_INTERNAL, "the model produced no outputs");
-        return NULL;
-    }
+    int j = srv_tfs_regress_values(out, err);
+    if (j < 0) return NULL;
     const eng_tensor *t = &out->t[j];
-    if (t->ndim < 1 || t->ndim > 2 || (t->ndim == 2 && t->dims[1] != 1)) {
-        srv_err(err, SRV_FAILED_PRECONDITION, "regress needs one value per example; output '%s' is %s",
-                out->names[j], eng_shape_str(t->dims, t->ndim, sb, sizeof sb));
-        return NULL;
-    }
     srv_buf b = {0};
     srv_buf_puts(&b, "{\"results\":[");
     for (int64_t i = 0; i < t->dims[0] && !b.oom; i++) {

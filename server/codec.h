@@ -41,6 +41,10 @@ srv_code srv_tfs_decode_examples(const char *body, size_t len, const srv_version
  * {"results": [v, ...]} for regress. */
 char *srv_tfs_encode_classify(const srv_version_info *info, const srv_tensors *out, size_t *len, srv_error *err);
 char *srv_tfs_encode_regress(const srv_version_info *info, const srv_tensors *out, size_t *len, srv_error *err);
+/* The output classify reports (named scores/probabilities/..., else the first float one), shape [n, k] or [n]:
+ * its index, or -1 with err set. The output regress reports: one value per example. Both front doors use these. */
+int srv_tfs_classify_scores(const srv_tensors *out, int64_t *n, int64_t *k, srv_error *err);
+int srv_tfs_regress_values(const srv_tensors *out, srv_error *err);
 
 /* ---- KServe v2 ---- */
 typedef struct srv_kserve_req {
@@ -73,6 +77,8 @@ int64_t srv_kserve_max_batch(const srv_version_info *info, const srv_batch_opts 
 /* "FP32", "INT64", "BOOL", "BYTES", ... and back (UNDEFINED if unknown). */
 const char *srv_kserve_dtype(eng_dtype dt);
 eng_dtype srv_kserve_dtype_parse(const char *s);
+/* Triton's repository index state of a version: "READY", "LOADING", "UNLOADING", "UNAVAILABLE". */
+const char *srv_kserve_state(srv_state s);
 /* TF's "DT_FLOAT", ... for metadata. */
 const char *srv_tf_dtype(eng_dtype dt);
 

@@ -45,6 +45,10 @@ static const opt_def opt_table[] = {
     {"log_format", OPT_STR, O(log_format)},
     {"model_control_mode", OPT_STR, O(model_control_mode)},
     {"admin_token_file", OPT_STR, O(admin_token_file)},
+    {"grpc_api_host", OPT_STR, O(grpc_host)},
+    {"grpc_max_receive_message_bytes", OPT_I64, O(grpc_max_receive_bytes)},
+    {"grpc_max_threads", OPT_INT, O(grpc_threads)},
+    {"ssl_config_file", OPT_STR, O(ssl_config_file)},
 };
 #undef O
 
@@ -119,6 +123,7 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     o->per_ip_connection_limit = 256;
     o->model_load_timeout_s = 600;
     o->instances_per_version = -1;
+    o->grpc_max_receive_bytes = 64 << 20;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0)
@@ -160,6 +165,8 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     if (!o->model_name) o->model_name = strdup(getenv("MODEL_NAME") && *getenv("MODEL_NAME") ? getenv("MODEL_NAME") : "default");
     if (!o->model_name) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     if (o->rest_port > 65535 || o->grpc_port > 65535) return srv_err(err, SRV_INVALID_ARGUMENT, "ports must be <= 65535");
+    if (o->grpc_max_receive_bytes < 1024 || o->grpc_max_receive_bytes > INT32_MAX)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "--grpc_max_receive_message_bytes must be 1024..%d", INT32_MAX);
     if (o->max_body_bytes < 1024) return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_max_body_bytes must be >= 1024");
     if (o->header_timeout_s < 1) return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_header_timeout_seconds must be >= 1");
     if (o->per_ip_connection_limit < 1)
@@ -179,6 +186,8 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
 
 void srv_options_free(srv_options *o) {
     free(o->rest_host);
+    free(o->grpc_host);
+    free(o->ssl_config_file);
     free(o->model_name);
     free(o->model_base_path);
     free(o->model_config_file);
@@ -279,29 +288,21 @@ static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, 
     return SRV_OK;
 }
 
-srv_code srv_config_load_models(const char *path, srv_model_config **cfgs, int *n, srv_error *err) {
+/* The models of a parsed model server config (root holds model_config_list); what names it in errors. */
+static srv_code cfg_models(const srv_tp *root, const char *what, srv_model_config **cfgs, int *n, srv_error *err) {
     *cfgs = NULL;
     *n = 0;
-    srv_tp *root = NULL;
-    srv_code c = srv_tp_parse_file(path, &root, err);
-    if (c != SRV_OK) return c;
+    srv_code c = SRV_OK;
     const srv_tp *list = srv_tp_get(root, "model_config_list", 0);
-    if (!list) {
-        srv_tp_free(&root);
-        return srv_err(err, SRV_INVALID_ARGUMENT, "%s: no model_config_list", path);
-    }
+    if (!list) return srv_err(err, SRV_INVALID_ARGUMENT, "%s: no model_config_list", what);
     int cnt = srv_tp_count(list, "config");
     srv_model_config *v = calloc((size_t)cnt + 1, sizeof *v);
-    if (!v) {
-        srv_tp_free(&root);
-        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
-    }
+    if (!v) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     for (int i = 0; i < cnt && c == SRV_OK; i++) {
-        c = cfg_one(srv_tp_get(list, "config", i), path, &v[i], err);
+        c = cfg_one(srv_tp_get(list, "config", i), what, &v[i], err);
         for (int j = 0; c == SRV_OK && j < i; j++)
-            if (strcmp(v[j].name, v[i].name) == 0) c = srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s' configured twice", path, v[i].name);
+            if (strcmp(v[j].name, v[i].name) == 0) c = srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s' configured twice", what, v[i].name);
     }
-    srv_tp_free(&root);
     if (c != SRV_OK) {
         for (int i = 0; i < cnt; i++) srv_model_config_free(&v[i]);
         free(v);
@@ -310,6 +311,29 @@ srv_code srv_config_load_models(const char *path, srv_model_config **cfgs, int *
     *cfgs = v;
     *n = cnt;
     return SRV_OK;
+}
+
+srv_code srv_config_load_models(const char *path, srv_model_config **cfgs, int *n, srv_error *err) {
+    *cfgs = NULL;
+    *n = 0;
+    srv_tp *root = NULL;
+    srv_code c = srv_tp_parse_file(path, &root, err);
+    if (c != SRV_OK) return c;
+    c = cfg_models(root, path, cfgs, n, err);
+    srv_tp_free(&root);
+    return c;
+}
+
+srv_code srv_config_parse_models(const char *text, size_t len, const char *what, srv_model_config **cfgs, int *n,
+                                 srv_error *err) {
+    *cfgs = NULL;
+    *n = 0;
+    srv_tp *root = NULL;
+    srv_code c = srv_tp_parse_text(text, len, what, &root, err);
+    if (c != SRV_OK) return c;
+    c = cfg_models(root, what, cfgs, n, err);
+    srv_tp_free(&root);
+    return c;
 }
 
 srv_code srv_config_models(const srv_options *o, srv_model_config **cfgs, int *n, srv_error *err) {

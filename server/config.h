@@ -38,6 +38,10 @@ typedef struct srv_options {
     char *model_control_mode;          /* --model_control_mode (Triton's): "poll" (default) or "explicit" */
     char *admin_token_file;            /* --admin_token_file (else env TENSORD_ADMIN_TOKEN): bearer token */
     char *admin_token;                 /* read from admin_token_file or the env; NULL: none configured */
+    char *grpc_host;                   /* --grpc_api_host (tensord extension): default --rest_api_host's value */
+    int64_t grpc_max_receive_bytes;    /* --grpc_max_receive_message_bytes, 64 MiB */
+    int grpc_threads;                  /* --grpc_max_threads: completion-queue threads, 0: one per core */
+    char *ssl_config_file;             /* --ssl_config_file: TF Serving's SSLConfig (TLS for gRPC) */
 } srv_options;
 
 /* Parse `tensord serve` flags (argv[0] is "serve"). Accepts --flag=value and --flag value, booleans as
@@ -49,6 +53,10 @@ void srv_options_free(srv_options *o);
 srv_code srv_config_models(const srv_options *o, srv_model_config **cfgs, int *n, srv_error *err);
 /* Parse a model_config_list file (text format or JSON). */
 srv_code srv_config_load_models(const char *path, srv_model_config **cfgs, int *n, srv_error *err);
+/* The same from text-format text (gRPC's HandleReloadConfigRequest writes its ModelServerConfig as text, so
+ * both go through one set of checks); what names the source in errors. */
+srv_code srv_config_parse_models(const char *text, size_t len, const char *what, srv_model_config **cfgs, int *n,
+                                 srv_error *err);
 srv_code srv_config_load_batching(const char *path, srv_batch_opts *o, srv_error *err);
 /* prometheus_config { enable: true path: "/monitoring/prometheus/metrics" } */
 srv_code srv_config_load_monitoring(const char *path, int *enable, char **metrics_path, srv_error *err);

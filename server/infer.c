@@ -6,12 +6,15 @@
  * worker -> encode -> metrics (before the release: a retired version's series go with its last reference) ->
  * release -> done. Every path ends in infer_finish, which calls done exactly once.
  * Pool: a FIFO of srv_work; a thread is started whenever the queue is longer than the idle threads (up to
- * SRV_INFER_MAX_WORKERS), so batching's many waiting requests each get one. Tracked work sits on a doubly
+ * SRV_INFER_MAX_WORKERS), so batching's many waiting requests each get one; past SRV_INFER_KEEP_WORKERS, a
+ * thread idle for SRV_INFER_IDLE_S seconds ends. Tracked work sits on a doubly
  * linked list under dmu; srv_infer_cut_off detaches the whole list, then calls each cut outside the lock.
  */
 #include "infer.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,7 +29,20 @@ struct srv_infer {
     int queued, nthreads, nidle, stopping;
     pthread_mutex_t dmu;
     srv_work *tracked;
+    struct srv_lane *lanes;     /* under mu */
 };
+
+/* The unbatched requests of one version that go to the pool: at most its instance count run (each on a worker,
+ * each holding or about to hold an instance); the rest wait here, holding no thread, and the worker that finishes
+ * one takes the next. So 1,000 slow requests to one version need as many threads as it has instances, and a
+ * cancelled or expired one ends (CANCELLED / DEADLINE_EXCEEDED, without running) when its turn comes. Keyed by the
+ * version object: every request on a lane holds a reference to it, and the lane ends with its last request. */
+typedef struct srv_lane {
+    const srv_version *v;
+    int running;
+    struct srv_infer_call *head, *tail;
+    struct srv_lane *next;
+} srv_lane;
 
 typedef struct srv_infer_call { /* a request that continues on another thread */
     srv_work w;                 /* first: the pool sees only this */
@@ -37,6 +53,8 @@ typedef struct srv_infer_call { /* a request that continues on another thread */
     srv_version *v;
     srv_tensors in, out;
     int64_t input_ns, dec_end_ns;
+    srv_lane *lane;
+    struct srv_infer_call *lnext;
 } srv_infer_call;
 
 /* ---- version selection ---- */
@@ -57,7 +75,7 @@ static void srv_infer_record(srv_infer *inf, const srv_infer_req *rq, const srv_
     const char *label = !rq->label ? NULL
                         : served || srv_registry_has_label(inf->reg, rq->model, rq->label) ? rq->label
                                                                                             : "unknown";
-    srv_metrics_infer(inf->m, model, served ? info->version : 0, label, rq->api, code,
+    srv_metrics_infer(inf->m, model, served ? info->version : 0, label, rq->api, rq->protocol, code,
                       srv_metrics_clock_ns() - rq->t0_us * 1000, served ? tm : NULL);
 }
 
@@ -71,7 +89,7 @@ static void srv_infer_finish(srv_infer *inf, const srv_infer_req *rq, const srv_
     srv_tensors local = {0}, *outp = done_out ? done_out : &local;
     const srv_version_info *info = srv_version_get_info(v);
     srv_infer_times tm = {.input_ns = input_ns};
-    if (rc == SRV_OK && !done_out) rc = srv_version_predict(v, in, outp, rq->deadline_us, err);
+    if (rc == SRV_OK && !done_out) rc = srv_version_predict(v, in, outp, rq->deadline_us, rq->cancel, err);
     if (rc == SRV_OK) {
         int64_t t1 = srv_metrics_clock_ns(); /* the encode counts as output */
         srv_infer_times_run(&tm, dec_end_ns);
@@ -89,11 +107,67 @@ static void srv_infer_finish(srv_infer *inf, const srv_infer_req *rq, const srv_
     ops->done(u, err->code, err);
 }
 
+static void srv_infer_call_finish(srv_infer_call *c) {
+    srv_error err = {0};
+    int gone = c->rq.cancel ? atomic_load(c->rq.cancel) : 0;
+    srv_code rc = gone == SRV_CANCEL_DEADLINE ? srv_err(&err, SRV_DEADLINE_EXCEEDED, "deadline exceeded before the request ran")
+                  : gone ? srv_err(&err, SRV_CANCELLED, "the client cancelled the request before it ran")
+                         : SRV_OK;
+    srv_infer_finish(c->inf, &c->rq, c->ops, c->u, c->v, &c->in, NULL, rc, &err, c->input_ns, c->dec_end_ns);
+    free(c);
+}
+
+/* A worker runs c, then the requests waiting on its lane, one after the other. */
 static void srv_infer_call_run(srv_work *w) {
     srv_infer_call *c = (srv_infer_call *)w;
-    srv_error err = {0};
-    srv_infer_finish(c->inf, &c->rq, c->ops, c->u, c->v, &c->in, NULL, SRV_OK, &err, c->input_ns, c->dec_end_ns);
-    free(c);
+    srv_infer *inf = c->inf;
+    srv_lane *l = c->lane;
+    while (c) {
+        srv_infer_call_finish(c);
+        if (!l) break;
+        pthread_mutex_lock(&inf->mu);
+        c = l->head;
+        if (c) {
+            l->head = c->lnext;
+            if (!l->head) l->tail = NULL;
+        } else if (--l->running == 0) {
+            for (srv_lane **pp = &inf->lanes; *pp; pp = &(*pp)->next)
+                if (*pp == l) {
+                    *pp = l->next;
+                    break;
+                }
+            free(l);
+        }
+        pthread_mutex_unlock(&inf->mu);
+    }
+}
+
+/* Hand c to the pool through its version's lane: 1 when it waits there (a worker of the lane will run it). */
+static int srv_infer_lane_wait(srv_infer *inf, srv_infer_call *c) {
+    int limit = srv_version_instances(c->v);
+    pthread_mutex_lock(&inf->mu);
+    srv_lane *l = inf->lanes;
+    while (l && l->v != c->v) l = l->next;
+    if (!l && (l = calloc(1, sizeof *l))) {
+        l->v = c->v;
+        l->next = inf->lanes;
+        inf->lanes = l;
+    }
+    int wait = 0;
+    if (l) {
+        c->lane = l;
+        if (l->running >= (limit > 0 ? limit : 1)) {
+            c->lnext = NULL;
+            if (l->tail) l->tail->lnext = c;
+            else l->head = c;
+            l->tail = c;
+            wait = 1;
+        } else {
+            l->running++;
+        }
+    }
+    pthread_mutex_unlock(&inf->mu);
+    return wait;
 }
 
 static void srv_infer_batch_done(void *arg, srv_code rc, const srv_error *e) {
@@ -122,7 +196,8 @@ int srv_infer_submit(srv_infer *inf, const srv_infer_req *rq, const srv_infer_op
         *c = (srv_infer_call){.w = {.run = srv_infer_call_run}, .inf = inf, .rq = *rq, .ops = ops, .u = u, .v = v,
                               .in = in, .input_ns = t1 - t0, .dec_end_ns = t1};
         if (ops->going_async) ops->going_async(u);
-        if (srv_version_predict_async(v, &c->in, &c->out, rq->deadline_us, srv_infer_batch_done, c)) return 0;
+        if (srv_version_predict_async(v, &c->in, &c->out, rq->deadline_us, rq->cancel, srv_infer_batch_done, c)) return 0;
+        if (srv_infer_lane_wait(inf, c)) return 0;
         if (srv_infer_queue(inf, &c->w) != 0) srv_infer_call_run(&c->w); /* no worker: here after all */
         return 0;
     }
@@ -136,12 +211,20 @@ static void *srv_infer_worker(void *arg) {
     srv_infer *inf = arg;
     pthread_mutex_lock(&inf->mu);
     for (;;) {
-        while (!inf->head && !inf->stopping) {
+        int expired = 0;
+        while (!inf->head && !inf->stopping && !expired) {
             inf->nidle++;
-            pthread_cond_wait(&inf->work, &inf->mu);
+            if (inf->nthreads > SRV_INFER_KEEP_WORKERS) { /* a burst's extra threads leave once idle a while */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_sec += SRV_INFER_IDLE_S;
+                expired = pthread_cond_timedwait(&inf->work, &inf->mu, &ts) == ETIMEDOUT;
+            } else {
+                pthread_cond_wait(&inf->work, &inf->mu);
+            }
             inf->nidle--;
         }
-        if (!inf->head) break; /* stopping and drained */
+        if (!inf->head) break; /* stopping and drained, or idle past SRV_INFER_IDLE_S */
         srv_work *w = inf->head;
         inf->head = w->next;
         if (!inf->head) inf->tail = NULL;

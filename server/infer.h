@@ -15,10 +15,14 @@
 #ifndef SRV_INFER_H
 #define SRV_INFER_H
 
+#include <stdatomic.h>
+
 #include "metrics.h"
 #include "registry.h"
 
 #define SRV_INFER_MAX_WORKERS 1024
+#define SRV_INFER_KEEP_WORKERS 32 /* idle workers kept; more end after SRV_INFER_IDLE_S idle */
+#define SRV_INFER_IDLE_S 2
 /* Inference expected to take longer than this runs off a thread that must stay responsive (may_block = 0). */
 #define SRV_INFER_INLINE_US 1000
 
@@ -35,9 +39,12 @@ typedef struct srv_infer_req {
     int64_t version;       /* > 0: that version */
     const char *label;     /* non-NULL: by version label (version 0) */
     const char *api;       /* metrics: "predict", "classify", "regress", "infer" */
+    const char *protocol;  /* metrics: "rest" or "grpc" (NULL: "rest") */
     int64_t t0_us;         /* arrival (srv_now_us) */
     int64_t deadline_us;   /* 0: none */
     int may_block;         /* 0: the caller's thread must stay responsive; slow work goes elsewhere */
+    const atomic_int *cancel; /* may be NULL; non-zero once the client is gone (a cancelled gRPC call): a request
+                               * still queued (batcher, worker pool) then ends CANCELLED without running */
 } srv_infer_req;
 
 typedef struct srv_infer_ops {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "srv.h"
 
 /* Weak while the training files are being written: a build without them says so instead of failing to link. */
 int srv_cmd_serve(int argc, char **argv);
@@ -12,7 +13,6 @@ int srv_cmd_init(int argc, char **argv) __attribute__((weak));
 int srv_cmd_train(int argc, char **argv) __attribute__((weak));
 
 #ifndef TENSORD_VERSION
-#define TENSORD_VERSION "0.1.0"
 #endif
 
 static void usage(FILE *f) {

@@ -390,7 +390,8 @@ static void srv_dur_add(srv_mdur *d, int64_t ns) {
 /* ---- recording ---- */
 
 static void srv_metrics_record(srv_metrics *m, const char *model, int64_t version, const char *label,
-                               const char *api, int code, int64_t latency_ns, int stats, const srv_infer_times *t) {
+                               const char *api, const char *protocol, int code, int64_t latency_ns, int stats,
+                               const srv_infer_times *t) {
     if (!m) return;
     char base[SRV_LABELS_MAX], lb[SRV_LABELS_MAX], lc[SRV_LABELS_MAX];
     size_t k = srv_base_labels(base, model, version);
@@ -398,8 +399,10 @@ static void srv_metrics_record(srv_metrics *m, const char *model, int64_t versio
     memcpy(lc, base, k + 1);
     size_t kb = k, kc = k;
     srv_label(lb, &kb, "api", api);
+    srv_label(lb, &kb, "protocol", protocol ? protocol : "rest");
     if (label && *label) srv_label(lc, &kc, "label", label);
     srv_label(lc, &kc, "api", api);
+    srv_label(lc, &kc, "protocol", protocol ? protocol : "rest");
     srv_label(lc, &kc, "status", srv_code_name((srv_code)code));
     int64_t now_ms = stats && code == SRV_OK ? srv_wall_ms() : 0;
     pthread_mutex_lock(&m->mu);
@@ -426,13 +429,13 @@ static void srv_metrics_record(srv_metrics *m, const char *model, int64_t versio
 }
 
 void srv_metrics_request(srv_metrics *m, const char *model, int64_t version, const char *label, const char *api,
-                         int code, int64_t latency_us) {
-    srv_metrics_record(m, model, version, label, api, code, latency_us * 1000, 0, NULL);
+                         const char *protocol,                          int code, int64_t latency_us) {
+    srv_metrics_record(m, model, version, label, api, protocol, code, latency_us * 1000, 0, NULL);
 }
 
 void srv_metrics_infer(srv_metrics *m, const char *model, int64_t version, const char *label, const char *api,
-                       int code, int64_t latency_ns, const srv_infer_times *t) {
-    srv_metrics_record(m, model, version, label, api, code, latency_ns, 1, t);
+                       const char *protocol,                        int code, int64_t latency_ns, const srv_infer_times *t) {
+    srv_metrics_record(m, model, version, label, api, protocol, code, latency_ns, 1, t);
 }
 
 int64_t srv_metrics_clock_ns(void) {

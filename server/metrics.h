@@ -5,8 +5,9 @@
  * labels (and label="..." where the request named a version label). Thread-safe; recording is a short
  * mutex-protected update (no allocation once a series exists), rendering takes a snapshot under the mutex.
  * Series:
- *   tensord_request_count{model,version,label,api,status}            counter (status = code name, "OK"...)
- *   tensord_request_latency_us{model,version,api}                    histogram (buckets in microseconds)
+ *   tensord_request_count{model,version,label,api,protocol,status}   counter (status = code name, "OK"...;
+ *                                                                            protocol = rest|grpc)
+ *   tensord_request_latency_us{model,version,api,protocol}           histogram (buckets in microseconds)
  *   tensord_queue_latency_us{model,version}                          histogram (batching queue wait)
  *   tensord_batch_size{model,version}                                histogram (rows per executed batch)
  *   tensord_padded_batch_size{model,version}                         histogram
@@ -42,9 +43,10 @@ struct srv_buf;
 srv_metrics *srv_metrics_new(void);
 void srv_metrics_free(srv_metrics **m);
 
-/* label may be NULL; api "predict", "classify", "regress", "infer", "metadata", "status". */
+/* label may be NULL; api "predict", "classify", "regress", "infer", "metadata", "status", "reload"; protocol
+ * "rest" or "grpc" (NULL: "rest"), the front door that took the request. */
 void srv_metrics_request(srv_metrics *m, const char *model, int64_t version, const char *label, const char *api,
-                         int code, int64_t latency_us);
+                         const char *protocol, int code, int64_t latency_us);
 
 /* Where one inference request spent its time, in nanoseconds of srv_metrics_clock_ns. */
 typedef struct srv_infer_times {
@@ -60,7 +62,7 @@ typedef struct srv_infer_times {
  * from its arrival: srv_metrics_request, plus the version's statistics when version > 0 (the version that
  * served it): success with t's durations, or fail. t may be NULL for a failure. */
 void srv_metrics_infer(srv_metrics *m, const char *model, int64_t version, const char *label, const char *api,
-                       int code, int64_t latency_ns, const srv_infer_times *t);
+                       const char *protocol, int code, int64_t latency_ns, const srv_infer_times *t);
 
 /* CLOCK_MONOTONIC in nanoseconds (srv_now_us's clock, finer). */
 int64_t srv_metrics_clock_ns(void);

@@ -22,6 +22,8 @@
 #define SRV_REGISTRY_H
 
 #include "batcher.h"
+
+#include <stdatomic.h>
 #include "srv.h"
 
 typedef enum srv_state {
@@ -84,16 +86,18 @@ const srv_version_info *srv_version_get_info(const srv_version *v);
  * the signature: dtype and shape errors name the input with expected vs got). out receives the outputs in
  * signature order. Goes through the version's batcher when batching is on; otherwise runs on a free execution
  * instance, waiting for one while all are busy. deadline_us: absolute srv_now_us() deadline, 0 for none (when it
- * passes before the run starts, also while waiting for an instance: DEADLINE_EXCEEDED). */
+ * passes before the run starts, also while waiting for an instance: DEADLINE_EXCEEDED). cancel (may be NULL):
+ * once it reads non-zero while the request waits for an instance, it ends CANCELLED (SRV_CANCEL_DEADLINE:
+ * DEADLINE_EXCEEDED) without running. */
 srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                             srv_error *err);
+                             const atomic_int *cancel, srv_error *err);
 /* srv_version_predict through the version's batcher without waiting (srv_batcher_submit_async): 0 when the
  * version does not batch this request (no batcher, an input without a batch dimension); the caller then uses
  * srv_version_predict. Otherwise 1, and done(arg, code, err) runs exactly once: on a batch worker once out holds
  * the outputs, or before this returns when the request is refused (bad input, queue full, deadline passed).
- * in and out must stay valid, and v held, until then. */
+ * in and out must stay valid, and v held, until then. cancel (may be NULL): see srv_batcher_submit_async. */
 int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                              srv_batch_done_fn done, void *arg);
+                              const atomic_int *cancel, srv_batch_done_fn done, void *arg);
 /* 1 if srv_version_predict(v, in) is expected to return within about budget_us without waiting: no batcher,
  * a measured per-row run time (exponential average of earlier runs) times in's rows within the budget, and
  * an execution instance that is free or only held by a run that was itself expected to be that quick (fewer

@@ -34,7 +34,7 @@ struct srv_rest {
     atomic_int inflight;
     atomic_int quiescing;
     srv_infer *inf;         /* the request path, its worker pool and the requests still to answer (infer.h);
-                             * the REST server's own until gRPC shares it */
+                             * shared with the gRPC front door (borrowed) */
     struct srv_gate *gate;  /* the accept loop and connection limits (rest-gate.c) */
     int conn_limit;
     atomic_int cut_unsent;  /* requests answered by srv_rest_cut_off whose 503 is not sent yet */

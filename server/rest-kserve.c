@@ -20,7 +20,6 @@
 #include "rest-impl.h"
 
 #ifndef TENSORD_VERSION
-#define TENSORD_VERSION "0.1.0"
 #endif
 
 static int srv_is(const char *a, const char *b) { return strcmp(a, b) == 0; }
@@ -32,15 +31,6 @@ static void srv_kserve_405(srv_reply *o, const char *allow) {
     srv_reply_error(o, 405, msg);
 }
 
-static const char *srv_kserve_state(srv_state s) {
-    switch (s) {
-    case SRV_STATE_AVAILABLE: return "READY";
-    case SRV_STATE_START:
-    case SRV_STATE_LOADING: return "LOADING";
-    case SRV_STATE_UNLOADING: return "UNLOADING";
-    default: return "UNAVAILABLE";
-    }
-}
 
 static void srv_kserve_index(const srv_rest_req *q, srv_reply *o) {
     srv_error err = {0};
@@ -87,7 +77,7 @@ static void srv_kserve_metadata(const srv_rest_req *q, const char *model, int64_
     srv_version *v = srv_registry_acquire(q->r->reg, model, version, NULL, &err);
     if (!v) {
         srv_reply_code(o, &err);
-        srv_metrics_request(q->r->m, srv_kserve_known(q, model, err.code), 0, NULL, "metadata", err.code,
+        srv_metrics_request(q->r->m, srv_kserve_known(q, model, err.code), 0, NULL, "metadata", "rest", err.code,
                             srv_now_us() - q->t0_us);
         return;
     }
@@ -111,7 +101,7 @@ static void srv_kserve_metadata(const srv_rest_req *q, const char *model, int64_
     srv_buf_puts(&b, "],\"outputs\":[");
     srv_kserve_io(&b, info->outputs, info->noutputs);
     srv_buf_puts(&b, "]}");
-    srv_metrics_request(q->r->m, model, ver, NULL, "metadata", SRV_OK, srv_now_us() - q->t0_us);
+    srv_metrics_request(q->r->m, model, ver, NULL, "metadata", "rest", SRV_OK, srv_now_us() - q->t0_us);
     srv_version_release(v);
     srv_reply_buf(o, 200, &b);
 }
@@ -202,7 +192,7 @@ static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t v
         srv_error err = {0};
         srv_err(&err, SRV_INVALID_ARGUMENT, "bad Inference-Header-Content-Length '%.32s' for a body of %zu bytes",
                 q->header_len, q->len);
-        srv_metrics_infer(q->r->m, srv_kserve_known(q, model, err.code), 0, NULL, "infer", err.code,
+        srv_metrics_infer(q->r->m, srv_kserve_known(q, model, err.code), 0, NULL, "infer", "rest", err.code,
                           srv_metrics_clock_ns() - q->t0_us * 1000, NULL);
         srv_reply_code(o, &err);
         return;

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "json.h"
 #include "rest-impl.h"
@@ -31,20 +30,6 @@ typedef struct repo_job {
     int unload;
     char model[256];
 } repo_job;
-
-/* 1 if hdr is "Bearer <token>" (scheme case-insensitive). Time independent of where token and hdr differ. */
-static int repo_token_ok(const char *hdr, const char *token) {
-    if (!hdr) return 0;
-    while (*hdr == ' ') hdr++;
-    if (strncasecmp(hdr, "Bearer ", 7) != 0) return 0;
-    const char *p = hdr + 7;
-    while (*p == ' ') p++;
-    size_t n = strlen(p), m = strlen(token);
-    while (n > 0 && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
-    volatile unsigned char d = n != m;
-    for (size_t i = 0; i < m; i++) d |= (unsigned char)(token[i] ^ (i < n ? p[i] : 0));
-    return d == 0;
-}
 
 /* unknown: the model is not configured (404); any other failure of a configured model is 400, as Triton. */
 static void repo_reply(srv_reply *o, srv_code c, int unknown, const srv_error *err) {
@@ -107,7 +92,7 @@ int srv_rest_repo(const srv_rest_req *q, srv_reply *o) {
         srv_reply_error(o, 405, "method not allowed: use POST");
         return 1;
     }
-    if (r->admin_token && !repo_token_ok(q->authorization, r->admin_token)) {
+    if (r->admin_token && !srv_bearer_ok(q->authorization, r->admin_token)) {
         srv_err(&err, SRV_UNAUTHENTICATED, "model %s needs the admin token: send 'Authorization: Bearer <token>' (%s)",
                 unload ? "unload" : "load", q->authorization ? "the token given is wrong" : "none was given");
         repo_reply(o, SRV_UNAUTHENTICATED, 0, &err);

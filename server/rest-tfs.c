@@ -97,7 +97,7 @@ static void srv_tfs_record(const srv_rest_req *q, const srv_tfs_route *rt, int64
                            srv_code code) {
     int served = version > 0 || code == SRV_OK;
     const char *model = srv_tfs_model(q, rt, served, code);
-    srv_metrics_request(q->r->m, model, version, srv_tfs_label(q, rt, served), api, code, srv_now_us() - q->t0_us);
+    srv_metrics_request(q->r->m, model, version, srv_tfs_label(q, rt, served), api, "rest", code, srv_now_us() - q->t0_us);
 }
 
 static void srv_tfs_status(const srv_rest_req *q, const srv_tfs_route *rt, srv_reply *o) {

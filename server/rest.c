@@ -279,8 +279,6 @@ void srv_rest_async_reply(srv_rest_conn *cn, srv_reply *o) {
     srv_rest_unref(cn);
 }
 
-int srv_rest_cut_off(srv_rest *r, const char *why) { return r ? srv_infer_cut_off(r->inf, why) : 0; }
-
 int srv_rest_cut_unsent(srv_rest *r) { return r ? atomic_load(&r->cut_unsent) : 0; }
 
 /* On a worker: a handler's job, or the whole dispatch of a large body. */
@@ -491,13 +489,12 @@ static void srv_rest_raise_nofile(int connection_limit, int nthreads) {
 
 static void srv_rest_free_state(srv_rest *r) {
     srv_gate_free(&r->gate);
-    srv_infer_free(&r->inf);
     free(r->metrics_path);
     free(r->admin_token);
     free(r);
 }
 
-srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics *m, srv_error *err) {
+srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics *m, srv_infer *inf, srv_error *err) {
     srv_rest_opts d = {0};
     if (o) d = *o;
     const char *host = d.host && *d.host ? d.host : "0.0.0.0";
@@ -528,7 +525,7 @@ srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics 
     r->metrics_enabled = d.metrics_enabled;
     r->explicit_control = d.explicit_control;
     r->conn_limit = climit;
-    r->inf = srv_infer_new(reg, m);
+    r->inf = inf;
     r->metrics_path = strdup(d.metrics_path && *d.metrics_path ? d.metrics_path : "/monitoring/prometheus/metrics");
     r->admin_token = d.admin_token ? strdup(d.admin_token) : NULL;
     if (!r->inf || !r->metrics_path || (d.admin_token && !r->admin_token)) {
@@ -595,8 +592,8 @@ int srv_rest_inflight(srv_rest *r) { return r ? atomic_load(&r->inflight) : 0; }
 void srv_rest_stop(srv_rest **pr) {
     if (!pr || !*pr) return;
     srv_rest *r = *pr;
-    /* Workers finish what they hold (resuming its connection) before MHD stops. */
-    srv_infer_free(&r->inf);
+    /* The caller freed the request path first (srv_infer_free): its workers finished what they held, resuming
+     * its connection, before MHD stops. */
     srv_gate_stop(r->gate);
     if (r->d) MHD_stop_daemon(r->d);
     srv_rest_free_state(r);

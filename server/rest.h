@@ -6,6 +6,7 @@
 #define SRV_REST_H
 
 #include "metrics.h"
+#include "infer.h"
 #include "registry.h"
 
 typedef struct srv_rest_opts {
@@ -26,15 +27,15 @@ typedef struct srv_rest_opts {
 
 typedef struct srv_rest srv_rest;
 
-srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics *m, srv_error *err);
+/* inf: the request path shared with the gRPC front door (borrowed; the caller frees it with srv_infer_free
+ * after srv_rest_quiesce and before srv_rest_stop). */
+srv_rest *srv_rest_start(const srv_rest_opts *o, srv_registry *reg, srv_metrics *m, srv_infer *inf, srv_error *err);
 /* Stop accepting new connections (existing ones may finish their requests). */
 void srv_rest_quiesce(srv_rest *r);
 /* Requests being processed right now. */
 int srv_rest_inflight(srv_rest *r);
-/* The drain deadline: every request whose work is still running on a worker or waiting in a batcher is
- * answered now with 503 and `why` (the work's result is dropped when it ends). Returns how many. */
-int srv_rest_cut_off(srv_rest *r, const char *why);
-/* Of those, how many replies are not sent yet. */
+/* The drain deadline's cut-off (srv_infer_cut_off on the shared path) answers suspended requests 503 with its
+ * reason; of those, how many replies are not sent yet. */
 int srv_rest_cut_unsent(srv_rest *r);
 /* Stop and free; sets *r NULL. */
 void srv_rest_stop(srv_rest **r);

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "registry.h"
+#include "grpc.h"
 #include "rest.h"
 
 static int serve_apply_config(const srv_options *o, srv_registry *reg) {
@@ -94,7 +95,17 @@ int srv_cmd_serve(int argc, char **argv) {
     }
     srv_registry_start(reg, o.file_system_poll_wait_seconds);
 
+    srv_infer *inf = srv_infer_new(reg, metrics); /* the request path both front doors share */
+    if (!inf) {
+        srv_log(SRV_LOG_ERROR, "start", NULL, 0, "out of memory");
+        srv_registry_free(&reg);
+        srv_metrics_free(&metrics);
+        free(metrics_path);
+        srv_options_free(&o);
+        return 1;
+    }
     srv_rest *rest = NULL;
+    srv_grpc *grpc = NULL;
     if (o.rest_port > 0) {
         srv_rest_opts rop = {.host = o.rest_host,
                              .port = o.rest_port,
@@ -109,10 +120,11 @@ int srv_cmd_serve(int argc, char **argv) {
                              .per_ip_connection_limit = o.per_ip_connection_limit,
                              .explicit_control = ro.explicit_control,
                              .admin_token = o.admin_token};
-        rest = srv_rest_start(&rop, reg, metrics, &err);
+        rest = srv_rest_start(&rop, reg, metrics, inf, &err);
         if (!rest) {
             srv_log(SRV_LOG_ERROR, "listen", NULL, 0, "REST server on %s:%d: %s", o.rest_host ? o.rest_host : "0.0.0.0",
                     o.rest_port, err.msg);
+            srv_infer_free(&inf);
             srv_registry_free(&reg);
             srv_metrics_free(&metrics);
             free(metrics_path);
@@ -125,12 +137,37 @@ int srv_cmd_serve(int argc, char **argv) {
                     ? " (all interfaces; --rest_api_host=127.0.0.1 keeps it on this machine)"
                     : "");
     }
-    if (o.grpc_port > 0)
-        srv_log(SRV_LOG_WARN, "listen", NULL, 0, "gRPC (--port=%d) is not implemented yet; serving REST only", o.grpc_port);
+    if (o.grpc_port > 0) {
+        const char *ghost = o.grpc_host ? o.grpc_host : o.rest_host ? o.rest_host : "0.0.0.0";
+        srv_grpc_opts gop = {.host = ghost,
+                             .port = o.grpc_port,
+                             .max_receive_bytes = (size_t)o.grpc_max_receive_bytes,
+                             .nthreads = o.grpc_threads,
+                             .ssl_config_file = o.ssl_config_file,
+                             .explicit_control = ro.explicit_control,
+                             .admin_token = o.admin_token};
+        grpc = srv_grpc_start(&gop, reg, metrics, inf, &err);
+        if (!grpc) {
+            srv_log(SRV_LOG_ERROR, "listen", NULL, 0, "gRPC server: %s", err.msg);
+            if (rest) srv_rest_quiesce(rest);
+            srv_infer_free(&inf);
+            srv_rest_stop(&rest);
+            srv_registry_free(&reg);
+            srv_metrics_free(&metrics);
+            free(metrics_path);
+            srv_options_free(&o);
+            return 1;
+        }
+        srv_log(SRV_LOG_INFO, "listen", NULL, 0, "gRPC API on %s:%d%s%s", ghost, o.grpc_port,
+                o.ssl_config_file ? " (TLS)" : "",
+                strcmp(ghost, "0.0.0.0") == 0 || strcmp(ghost, "::") == 0
+                    ? " (all interfaces; --grpc_api_host=127.0.0.1 keeps it on this machine)"
+                    : "");
+    }
 
     double cfg_poll = o.model_config_file ? o.model_config_file_poll_wait_seconds : 0;
+    int sig = 0;
     for (;;) {
-        int sig;
         if (cfg_poll > 0) {
             struct timespec ts = {(time_t)cfg_poll, (long)((cfg_poll - (double)(time_t)cfg_poll) * 1e9)};
             sig = sigtimedwait(&sigs, NULL, &ts);
@@ -146,33 +183,41 @@ int srv_cmd_serve(int argc, char **argv) {
             serve_apply_config(&o, reg);
             continue;
         }
-        srv_log(SRV_LOG_INFO, "drain", NULL, 0, "signal %d: draining in-flight requests (up to %g s)", sig, o.drain_seconds);
         break;
     }
-    if (rest) {
-        srv_rest_quiesce(rest);
-        int64_t deadline = srv_now_us() + (int64_t)(o.drain_seconds * 1e6);
-        while (srv_rest_inflight(rest) > 0 && srv_now_us() < deadline) usleep(5000);
-        int left = srv_rest_inflight(rest);
-        if (left > 0) {
-            /* The deadline holds: whatever still runs is answered 503 now, and the process ends within a second,
-             * without waiting for the work itself (which may hold the registry's versions: no clean-up then). */
-            char why[160];
-            snprintf(why, sizeof why, "the server is shutting down: the request was still running at the "
-                     "--drain_seconds=%g deadline", o.drain_seconds);
-            int cut = srv_rest_cut_off(rest, why);
-            int64_t flush = srv_now_us() + 800000; /* the 503s go out; the exit stays within a second */
-            while ((srv_rest_cut_unsent(rest) > 0 || srv_rest_inflight(rest) > 0) && srv_now_us() < flush) usleep(2000);
-            int unsent = srv_rest_cut_unsent(rest), still = srv_rest_inflight(rest);
-            srv_log(SRV_LOG_ERROR, "drain", NULL, 0,
-                    "%d requests still running at the drain deadline: %d answered 503 UNAVAILABLE (%d of those not "
-                    "delivered), %d closed without a reply; exiting with status 3", left, cut, unsent,
-                    still > unsent ? still - unsent : 0);
-            fflush(stderr);
-            _exit(3);
-        }
-        srv_rest_stop(&rest);
+    srv_rest_quiesce(rest);
+    srv_grpc_quiesce(grpc);
+    srv_log(SRV_LOG_INFO, "drain", NULL, 0, "signal %d: draining in-flight requests (up to %g s)", sig, o.drain_seconds);
+    int64_t deadline = srv_now_us() + (int64_t)(o.drain_seconds * 1e6);
+    /* idle twice, 20 ms apart: a gRPC call the core matched just before the shutdown is counted once its
+     * queue thread takes it */
+    for (int idle = 0; idle < 2 && srv_now_us() < deadline;) {
+        idle = srv_rest_inflight(rest) + srv_grpc_inflight(grpc) > 0 ? 0 : idle + 1;
+        usleep(idle ? 20000 : 5000);
     }
+    int left = srv_rest_inflight(rest) + srv_grpc_inflight(grpc);
+    if (left > 0) {
+        /* The deadline holds: whatever still runs is answered 503 / UNAVAILABLE now, and the process ends within a
+         * second, without waiting for the work itself (which may hold the registry's versions: no clean-up then). */
+        char why[160];
+        snprintf(why, sizeof why, "the server is shutting down: the request was still running at the "
+                 "--drain_seconds=%g deadline", o.drain_seconds);
+        int cut = srv_infer_cut_off(inf, why);
+        int64_t flush = srv_now_us() + 800000; /* the answers go out; the exit stays within a second */
+        while ((srv_rest_cut_unsent(rest) > 0 || srv_rest_inflight(rest) + srv_grpc_inflight(grpc) > 0) &&
+               srv_now_us() < flush)
+            usleep(2000);
+        int unsent = srv_rest_cut_unsent(rest), still = srv_rest_inflight(rest) + srv_grpc_inflight(grpc);
+        srv_log(SRV_LOG_ERROR, "drain", NULL, 0,
+                "%d requests still running at the drain deadline: %d answered UNAVAILABLE (%d of those not "
+                "delivered), %d closed without a reply; exiting with status 3", left, cut, unsent,
+                still > unsent ? still - unsent : 0);
+        fflush(stderr);
+        _exit(3);
+    }
+    srv_infer_free(&inf); /* workers finish what they hold before the front doors stop */
+    srv_rest_stop(&rest);
+    srv_grpc_stop(&grpc);
     srv_registry_free(&reg);
     srv_metrics_free(&metrics);
     free(metrics_path);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 srv_code srv_err(srv_error *err, srv_code code, const char *fmt, ...) {
@@ -152,4 +153,17 @@ int64_t srv_now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int srv_bearer_ok(const char *hdr, const char *token) {
+    if (!hdr) return 0;
+    while (*hdr == ' ') hdr++;
+    if (strncasecmp(hdr, "Bearer ", 7) != 0) return 0;
+    const char *p = hdr + 7;
+    while (*p == ' ') p++;
+    size_t n = strlen(p), m = strlen(token);
+    while (n > 0 && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+    volatile unsigned char d = n != m;
+    for (size_t i = 0; i < m; i++) d |= (unsigned char)(token[i] ^ (i < n ? p[i] : 0));
+    return d == 0;
 }

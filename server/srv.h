@@ -29,7 +29,13 @@ typedef enum srv_code {
     SRV_UNAUTHENTICATED = 16,
 } srv_code;
 
+#define TENSORD_VERSION "0.1.0"
+
 #define SRV_ERR_MAX 1024
+
+/* Values of a request's cancel flag (infer.h, batcher.h): the client went away, or its deadline passed. */
+#define SRV_CANCEL_CLIENT 1
+#define SRV_CANCEL_DEADLINE 2
 
 typedef struct srv_error {
     srv_code code;
@@ -62,6 +68,10 @@ void srv_tensors_free(srv_tensors *s); /* frees contents, leaves s zeroed */
 
 /* Names must match [A-Za-z0-9_.-]+, not "." or "..", at most 255 chars. */
 int srv_name_valid(const char *name);
+
+/* 1 if the header value hdr is "Bearer <token>" (scheme case-insensitive; REST's Authorization header and
+ * gRPC's authorization metadata). Takes the same time wherever hdr and token first differ. */
+int srv_bearer_ok(const char *hdr, const char *token);
 
 /* Monotonic microseconds. */
 int64_t srv_now_us(void);

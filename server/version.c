@@ -123,10 +123,19 @@ int srv_version_quick(srv_version *v, const srv_tensors *in, int64_t budget_us) 
 }
 
 /* Takes a free instance (the pinned one while warming up), waiting while all are busy; DEADLINE_EXCEEDED when
- * deadline_us (> 0) passes first. */
-static srv_code version_take(srv_version *v, int64_t deadline_us, int *idx, srv_error *err) {
+ * deadline_us (> 0) passes first, CANCELLED when *cancel turns non-zero (SRV_CANCEL_DEADLINE: DEADLINE_EXCEEDED),
+ * checked every 10 ms while waiting. */
+static srv_code version_take(srv_version *v, int64_t deadline_us, const atomic_int *cancel, int *idx, srv_error *err) {
     pthread_mutex_lock(&v->inst_mu);
     for (;;) {
+        int gone = cancel ? atomic_load(cancel) : 0;
+        if (gone) {
+            pthread_mutex_unlock(&v->inst_mu);
+            return gone == SRV_CANCEL_DEADLINE
+                       ? VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting for a free execution instance")
+                       : VERR(SRV_CANCELLED, "the client cancelled the request while it waited for a free execution "
+                              "instance");
+        }
         int k = -1;
         if (v->pin >= 0) k = v->inst[v->pin].busy ? -1 : v->pin;
         else
@@ -138,9 +147,11 @@ static srv_code version_take(srv_version *v, int64_t deadline_us, int *idx, srv_
             *idx = k;
             return SRV_OK;
         }
-        if (deadline_us > 0 && srv_now_us() >= deadline_us) break;
-        if (deadline_us > 0) { /* inst_cv waits on CLOCK_MONOTONIC, srv_now_us's clock */
-            struct timespec ts = {(time_t)(deadline_us / 1000000), (long)(deadline_us % 1000000) * 1000};
+        int64_t now = srv_now_us();
+        if (deadline_us > 0 && now >= deadline_us) break;
+        if (deadline_us > 0 || cancel) { /* inst_cv waits on CLOCK_MONOTONIC, srv_now_us's clock */
+            int64_t until = cancel && (deadline_us <= 0 || deadline_us > now + 10000) ? now + 10000 : deadline_us;
+            struct timespec ts = {(time_t)(until / 1000000), (long)(until % 1000000) * 1000};
             pthread_cond_timedwait(&v->inst_cv, &v->inst_mu, &ts);
         } else {
             pthread_cond_wait(&v->inst_cv, &v->inst_mu);
@@ -176,7 +187,7 @@ static void version_note_run(srv_version *v, int idx, int64_t run_us, int64_t ro
 /* Runs the inputs named by client names (any order) on a free instance; out gets the signature's outputs as
  * copies. out is emptied on error. */
 static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                               srv_error *err) {
+                               const atomic_int *cancel, srv_error *err) {
     const eng_graph *g = eng_session_graph(v->inst[0].sess); /* every instance's graph has the same inputs/outputs */
     int nin = v->sig.ninputs;
     const char **names = calloc((size_t)nin + 1, sizeof *names);
@@ -196,7 +207,7 @@ static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensor
     int slow = !version_quick_est(v, rows, VERSION_QUICK_US);
     if (slow) atomic_fetch_add_explicit(&v->slow_runs, 1, memory_order_relaxed);
     int idx = -1;
-    if (c == SRV_OK) c = version_take(v, deadline_us, &idx, err);
+    if (c == SRV_OK) c = version_take(v, deadline_us, cancel, &idx, err);
     if (c == SRV_OK) {
         int64_t t0 = srv_now_us(), r0 = srv_metrics_clock_ns(); /* r*: Triton statistics (srv_metrics_run) */
         eng_status st = eng_session_run(v->inst[idx].sess, nin, names, feeds, outs);
@@ -226,7 +237,7 @@ static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensor
 /* The batcher's run function: a batch runs on a free instance, however long it waits (each request in it was
  * checked against its deadline by the batcher). */
 static srv_code version_run(void *ctx, const srv_tensors *in, srv_tensors *out, srv_error *err) {
-    return version_run_on(ctx, in, out, 0, err);
+    return version_run_on(ctx, in, out, 0, NULL, err);
 }
 
 static void version_observe(void *ctx, int64_t rows, int64_t padded_rows, int64_t queue_us) {
@@ -306,7 +317,7 @@ static srv_code version_view(srv_version *v, const srv_tensors *in, char ***name
 }
 
 srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                             srv_error *err) {
+                             const atomic_int *cancel, srv_error *err) {
     if (deadline_us > 0 && srv_now_us() >= deadline_us)
         return VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded before the request ran");
     char **names;
@@ -316,7 +327,7 @@ srv_code srv_version_predict(srv_version *v, const srv_tensors *in, srv_tensors 
     if (c == SRV_OK) {
         srv_tensors view = {.n = v->sig.ninputs, .names = names, .t = ts};
         if (v->batcher && batchable) c = srv_batcher_submit(v->batcher, &view, out, deadline_us, err);
-        else c = version_run_on(v, &view, out, deadline_us, err);
+        else c = version_run_on(v, &view, out, deadline_us, cancel, err);
     }
     free(names);
     free(ts);
@@ -340,7 +351,7 @@ static void version_async_done(void *arg, srv_code code, const srv_error *err) {
 }
 
 int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors *out, int64_t deadline_us,
-                              srv_batch_done_fn done, void *arg) {
+                              const atomic_int *cancel, srv_batch_done_fn done, void *arg) {
     if (!v->batcher) return 0;
     srv_error e = {0}, *err = &e;
     char **names;
@@ -365,7 +376,7 @@ int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors
         return 1;
     }
     *a = (version_async){.view = {.n = v->sig.ninputs, .names = names, .t = ts}, .done = done, .arg = arg};
-    srv_batcher_submit_async(v->batcher, &a->view, out, deadline_us, version_async_done, a);
+    srv_batcher_submit_async(v->batcher, &a->view, out, deadline_us, cancel, version_async_done, a);
     return 1;
 }
 
@@ -426,7 +437,7 @@ static srv_code version_warmup(const srv_version_ctx *ctx, srv_version *v, srv_e
         for (; rc == SRV_OK && i < v->ninst; i++) {
             version_pin(v, i);
             srv_tensors_free(&out);
-            rc = srv_version_predict(v, &in, &out, 0, &e);
+            rc = srv_version_predict(v, &in, &out, 0, NULL, &e);
         }
         version_pin(v, -1);
         char on[48] = "";

@@ -1,4 +1,5 @@
-# fuzz.mk - build and run the libFuzzer targets for the model loaders (ONNX protobuf, .npy).
+# fuzz.mk - build and run the libFuzzer targets for the model loaders (ONNX protobuf, .npy) and the gRPC request
+# decoders (TF Serving's and KServe v2's messages, fuzz_grpc.c).
 #   make -f tests/fuzz/fuzz.mk FUZZ_TIME=60     build, seed, run each target for its share of FUZZ_TIME seconds
 # Targets and the loader sources they need are compiled with clang -fsanitize=fuzzer(-no-link),address,undefined
 # into build/fuzz/. The corpus lives in build/fuzz/corpus (seeded from the ONNX backend test models; never
@@ -10,8 +11,8 @@ FUZZ_TIME ?= 60
 FUZZ_OUT := build/fuzz
 FUZZ_GEN := $(FUZZ_OUT)/gen
 CONF ?= /usr/share/libonnx-testdata/data
-TARGETS := onnx npy
-PER_TARGET := $(shell echo $$(( ($(FUZZ_TIME) + 1) / 2 )))
+TARGETS := onnx npy grpc
+PER_TARGET := $(shell echo $$(( ($(FUZZ_TIME) + 2) / 3 )))
 
 SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FCFLAGS := -std=gnu11 -g -O1 -I. -I$(FUZZ_GEN) $(SAN) -Wall -Wextra -Wno-unused-parameter \
@@ -48,10 +49,21 @@ $(FUZZ_OUT)/obj/%.o: %.c $(FUZZ_GEN)/onnx.pb-c.h $(wildcard engine/*.h engine/*/
 $(FUZZ_OUT)/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_OBJ)
 	$(CLANG) $(FCFLAGS) -fsanitize=fuzzer -o $@ $< $(LIB_OBJ) -lprotobuf-c -lm
 
+# The gRPC decoders #include their server sources and the messages generated from proto/.
+GRPC_PROTO := $(wildcard proto/*.proto)
+$(FUZZ_GEN)/proto/.done: $(GRPC_PROTO)
+	@mkdir -p $(FUZZ_GEN)/proto
+	protoc-c --c_out=$(FUZZ_GEN)/proto -Iproto $(GRPC_PROTO)
+	@touch $@
+
+$(FUZZ_OUT)/fuzz_grpc: tests/fuzz/fuzz_grpc.c $(LIB_OBJ) $(FUZZ_GEN)/proto/.done $(wildcard server/*.c server/*.h)
+	$(CLANG) $(FCFLAGS) -I$(FUZZ_GEN)/proto -fsanitize=fuzzer -o $@ $< $(LIB_OBJ) -lprotobuf-c -lcjson -lm
+
 # Seeds: a spread of ~40 backend-test models (copied once; libFuzzer adds its finds next to them) and a few
 # hand-written .npy files.
 seed:
-	@mkdir -p $(FUZZ_OUT)/corpus/onnx $(FUZZ_OUT)/corpus/npy
+	@mkdir -p $(FUZZ_OUT)/corpus/onnx $(FUZZ_OUT)/corpus/npy $(FUZZ_OUT)/corpus/grpc
+	@if [ -z "$$(ls -A $(FUZZ_OUT)/corpus/grpc)" ]; then python3 tests/fuzz/grpc_seeds.py $(FUZZ_OUT)/corpus/grpc; fi
 	@if [ -z "$$(ls -A $(FUZZ_OUT)/corpus/onnx)" ] && [ -d $(CONF) ]; then \
 	  find $(CONF)/node $(CONF)/pytorch-converted -name model.onnx -size -64k 2>/dev/null | sort | awk 'NR % 30 == 1' | \
 	  head -n 48 | while read -r f; do cp "$$f" "$(FUZZ_OUT)/corpus/onnx/$$(basename $$(dirname $$f)).onnx"; done; \

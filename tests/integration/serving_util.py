@@ -1,7 +1,8 @@
 """Helpers for the serving integration tests (test_serving_*.py): run the real `tensord serve` on loopback, build
 tiny model bundles with onnx.helper, talk HTTP, and compare with onnxruntime.
 
-  Server(...)            starts `build/tensord serve` on 127.0.0.1 with a free REST port (gRPC off: --port=0),
+  Server(...)            starts `build/tensord serve` on 127.0.0.1 with a free REST port (gRPC off: --port=0;
+                         with grpc=True a second free port for gRPC: srv.grpc_port, srv.grpc_target),
                          waits for GET /v2/health/live == 200 (and, if ready=True, /v2/health/ready == 200);
                          stop() sends SIGTERM and asserts exit status 0 and no sanitizer report. stderr goes to a
                          file in the test's tmp dir and is shown in every failure message (server.describe()).
@@ -63,8 +64,10 @@ class Server:
     """One `tensord serve` process. Either base_path (+ model_name) or config_file. extra: more flags."""
 
     def __init__(self, tmp, base_path=None, model_name="m", config_file=None, extra=(), poll=0.2, ready=True,
-                 start_timeout=60, threads=1, env=None):
+                 start_timeout=60, threads=1, env=None, grpc=False):
         self.tmp = str(tmp)
+        self.grpc = grpc
+        self.grpc_port = None
         self.base_path = base_path
         self.model_name = model_name
         self.config_file = config_file
@@ -82,7 +85,8 @@ class Server:
 
     # -- lifecycle
     def cmd(self, port):
-        c = [tensord_bin(), "serve", f"--rest_api_port={port}", "--rest_api_host=127.0.0.1", "--port=0"]
+        c = [tensord_bin(), "serve", f"--rest_api_port={port}", "--rest_api_host=127.0.0.1",
+             f"--port={self.grpc_port if self.grpc else 0}"]
         if self.config_file:
             c.append(f"--model_config_file={self.config_file}")
         else:
@@ -98,6 +102,10 @@ class Server:
         for attempt in range(3):  # a free port can be taken between free_port() and the server's bind
             self._n += 1
             self.port = free_port()
+            if self.grpc:
+                self.grpc_port = free_port()
+                while self.grpc_port == self.port:
+                    self.grpc_port = free_port()
             self.stderr_path = os.path.join(self.tmp, f"tensord-{self.port}-{self._n}.stderr")
             self.args = self.cmd(self.port)
             if self.errf:
@@ -105,7 +113,7 @@ class Server:
             self.errf = open(self.stderr_path, "w+b")
             self.proc = subprocess.Popen(self.args, stdout=self.errf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True)
-            if self._wait_http("/v2/health/live", timeout):
+            if self._wait_http("/v2/health/live", timeout) and (not self.grpc or self._wait_tcp(self.grpc_port, timeout)):
                 if ready and not self.wait_ready(timeout):
                     self.kill()
                     pytest.fail(f"tensord never became ready (GET /v2/health/ready != 200 within {timeout} s)\n"
@@ -115,7 +123,20 @@ class Server:
             self.kill()
             if "in use" not in last.lower():
                 break
-        pytest.fail(f"tensord did not answer GET /v2/health/live with 200 within {timeout} s\n{last}")
+        pytest.fail(f"tensord did not answer GET /v2/health/live with 200 within {timeout} s"
+                    f"{' (or did not accept connections on its gRPC port)' if self.grpc else ''}\n{last}")
+
+    def _wait_tcp(self, port, timeout):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=2).close()
+                return True
+            except OSError:
+                time.sleep(0.05)
+        return False
 
     def _wait_http(self, path, timeout):
         end = time.monotonic() + timeout
@@ -174,9 +195,16 @@ class Server:
                 pass
 
     def rss_kib(self):
+        return self._proc_status("VmRSS:")
+
+    def thread_count(self):
+        """Threads: of /proc/<pid>/status."""
+        return self._proc_status("Threads:")
+
+    def _proc_status(self, key):
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key):
                     return int(line.split()[1])
         return 0
 
@@ -191,6 +219,25 @@ class Server:
         rc = self.proc.poll() if self.proc else None
         return (f"command: {' '.join(self.args)}\nprocess: {'running' if rc is None else f'exited {rc}'}\n"
                 f"--- tensord stderr (last 6000 chars) ---\n{self.stderr()[-6000:]}")
+
+    # -- gRPC (grpc=True)
+    @property
+    def grpc_target(self):
+        assert self.grpc, "Server(grpc=True) opens the gRPC port"
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def grpc_channel(self, options=(), timeout=20):
+        """A new insecure channel to the gRPC port with its own connection (grpcio would otherwise share one
+        subchannel among channels with equal arguments), connected (grpc.channel_ready_future) within timeout.
+        The caller closes it."""
+        import grpc
+        ch = grpc.insecure_channel(self.grpc_target, options=[("grpc.use_local_subchannel_pool", 1)] + list(options))
+        try:
+            grpc.channel_ready_future(ch).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            ch.close()
+            pytest.fail(f"gRPC channel to {self.grpc_target} not ready within {timeout} s\n{self.describe()}")
+        return ch
 
     # -- HTTP
     def url(self, path):

@@ -115,7 +115,7 @@ static void *submitter(void *p) {
     for (int i = a->from; i < a->to; i++) {
         req *r = &a->reqs[i];
         if (a->async && (i % 3)) { /* two in three asynchronous, the rest blocking: both kinds share batches */
-            srv_batcher_submit_async(a->b, &r->in, &r->out, 0, on_done, r);
+            srv_batcher_submit_async(a->b, &r->in, &r->out, 0, NULL, on_done, r);
         } else {
             r->code = srv_batcher_submit(a->b, &r->in, &r->out, 0, &r->err);
             atomic_store(&r->done, 1);
@@ -163,7 +163,7 @@ Test(batcher, async_refusal_runs_the_callback_at_once) {
     srv_batcher *b = new_batcher(2, 1000, 1, 1);
     req r;
     req_init(&r, 1, 3); /* 3 rows > max_batch_size 2 */
-    srv_batcher_submit_async(b, &r.in, &r.out, 0, on_done, &r);
+    srv_batcher_submit_async(b, &r.in, &r.out, 0, NULL, on_done, &r);
     cr_assert(atomic_load(&r.done), "callback did not run before submit returned");
     cr_expect_eq(r.code, SRV_INVALID_ARGUMENT);
     cr_expect(strstr(r.err.msg, "max_batch_size") != NULL, "%s", r.err.msg);
@@ -177,9 +177,9 @@ Test(batcher, async_deadline_passes_in_the_queue) {
     req slow, late;
     req_init(&slow, 1, 1);
     req_init(&late, 2, 1);
-    srv_batcher_submit_async(b, &slow.in, &slow.out, 0, on_done, &slow);
+    srv_batcher_submit_async(b, &slow.in, &slow.out, 0, NULL, on_done, &slow);
     usleep(20000); /* the worker is now busy with `slow` */
-    srv_batcher_submit_async(b, &late.in, &late.out, srv_now_us() + 50000, on_done, &late);
+    srv_batcher_submit_async(b, &late.in, &late.out, srv_now_us() + 50000, NULL, on_done, &late);
     wait_all(&slow, 1);
     wait_all(&late, 1);
     req_check(&slow);
@@ -189,12 +189,38 @@ Test(batcher, async_deadline_passes_in_the_queue) {
     req_free(&late);
 }
 
+/* A cancelled request leaves the queue while the worker waits for the batch to fill (10 s here): it is answered
+ * CANCELLED without running, and the request queued beside it still runs. */
+Test(batcher, async_cancel_leaves_the_queue) {
+    srv_batcher *b = new_batcher(8, 10000000, 1, 100);
+    req gone, kept;
+    req_init(&gone, 1, 1);
+    req_init(&kept, 2, 1);
+    atomic_int cancel = 0;
+    srv_batcher_submit_async(b, &gone.in, &gone.out, 0, &cancel, on_done, &gone);
+    srv_batcher_submit_async(b, &kept.in, &kept.out, 0, NULL, on_done, &kept);
+    usleep(20000);
+    cr_expect(!atomic_load(&gone.done), "answered before it was cancelled");
+    atomic_store(&cancel, 1);
+    for (int i = 0; i < 5000 && !atomic_load(&gone.done); i++) usleep(1000); /* liveness: 5 s against a 10 s batch */
+    cr_assert(atomic_load(&gone.done), "the cancelled request stayed in the queue");
+    cr_expect_eq(gone.code, SRV_CANCELLED, "got %s: %s", srv_code_name(gone.code), gone.err.msg);
+    cr_expect_eq(atomic_load(&g_batches), 0, "a batch ran: the cancelled request should not run");
+    cr_expect(!atomic_load(&kept.done), "the other request left the queue too");
+    srv_batcher_free(&b); /* runs what is queued */
+    cr_expect(atomic_load(&kept.done));
+    req_check(&kept);
+    cr_expect_eq(atomic_load(&g_max_rows), 1, "the batch held the cancelled request's row");
+    req_free(&gone);
+    req_free(&kept);
+}
+
 Test(batcher, free_drains_queued_async_requests) {
     srv_batcher *b = new_batcher(4, 100000, 1, 100); /* long timeout: requests sit in the queue */
     req reqs[6];
     for (int i = 0; i < 6; i++) {
         req_init(&reqs[i], i, 1);
-        srv_batcher_submit_async(b, &reqs[i].in, &reqs[i].out, 0, on_done, &reqs[i]);
+        srv_batcher_submit_async(b, &reqs[i].in, &reqs[i].out, 0, NULL, on_done, &reqs[i]);
     }
     srv_batcher_free(&b); /* returns only after every queued request completed */
     for (int i = 0; i < 6; i++) {

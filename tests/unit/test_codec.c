@@ -773,8 +773,8 @@ Test(numbers, non_finite_replies_are_strict_json) {
 Test(metrics, render) {
     srv_metrics *m = srv_metrics_new();
     cr_assert(m);
-    srv_metrics_request(m, "fash\"ion\\", 3, "stable", "predict", SRV_OK, 700);
-    srv_metrics_request(m, "fash\"ion\\", 3, NULL, "predict", SRV_INVALID_ARGUMENT, 70000000);
+    srv_metrics_request(m, "fash\"ion\\", 3, "stable", "predict", "rest", SRV_OK, 700);
+    srv_metrics_request(m, "fash\"ion\\", 3, NULL, "predict", "rest", SRV_INVALID_ARGUMENT, 70000000);
     srv_metrics_batch(m, "m", 1, 3, 4);
     srv_metrics_queue(m, "m", 1, 120);
     srv_metrics_load(m, "m", 1, 12.5, 1024);
@@ -788,13 +788,13 @@ Test(metrics, render) {
     cr_expect(strstr(s, "# HELP tensord_request_count ") != NULL);
     cr_expect(strstr(s, "# TYPE tensord_request_latency_us histogram\n") != NULL);
     cr_expect(strstr(s, "tensord_request_count{model=\"fash\\\"ion\\\\\",version=\"3\",label=\"stable\","
-                        "api=\"predict\",status=\"OK\"} 1\n") != NULL, "%s", s);
+                        "api=\"predict\",protocol=\"rest\",status=\"OK\"} 1\n") != NULL, "%s", s);
     cr_expect(strstr(s, "status=\"INVALID_ARGUMENT\"} 1\n") != NULL);
     cr_expect(strstr(s, "tensord_request_latency_us_bucket{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\","
-                        "le=\"1000\"} 1\n") != NULL, "%s", s);
+                        "protocol=\"rest\",le=\"1000\"} 1\n") != NULL, "%s", s);
     cr_expect(strstr(s, "le=\"+Inf\"} 2\n") != NULL);
-    cr_expect(strstr(s, "tensord_request_latency_us_count{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\"} 2\n"));
-    cr_expect(strstr(s, "tensord_request_latency_us_sum{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\"} 70000700\n"));
+    cr_expect(strstr(s, "tensord_request_latency_us_count{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\",protocol=\"rest\"} 2\n"));
+    cr_expect(strstr(s, "tensord_request_latency_us_sum{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\",protocol=\"rest\"} 70000700\n"));
     cr_expect(strstr(s, "tensord_batch_size_bucket{model=\"m\",version=\"1\",le=\"2\"} 0\n"));
     cr_expect(strstr(s, "tensord_batch_size_bucket{model=\"m\",version=\"1\",le=\"4\"} 1\n"));
     cr_expect(strstr(s, "tensord_model_swap_count{model=\"m\",version=\"1\",event=\"load\"} 2\n"));
@@ -811,7 +811,7 @@ Test(metrics, render) {
     char name[32];
     for (int i = 0; i < SRV_METRICS_MAX_SERIES + 50; i++) {
         snprintf(name, sizeof name, "m%d", i);
-        srv_metrics_request(m, name, 1, NULL, "predict", SRV_OK, 1);
+        srv_metrics_request(m, name, 1, NULL, "predict", "rest", SRV_OK, 1);
     }
     cr_expect_leq(m->f[SRV_F_REQ_COUNT].n, SRV_METRICS_MAX_SERIES);
     cr_expect_gt(m->dropped, 0);

@@ -605,7 +605,7 @@ Test(data, fashion_mnist) {
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     cr_log_info("Fashion-MNIST train loaded in %.3f s", secs);
 #if !defined(__SANITIZE_ADDRESS__)
-    cr_assert(secs < 3.0, "loading took %.2f s", secs); /* ~0.3 s alone; generous for a shared machine */
+    cr_assert(secs < 60.0, "loading took %.2f s (a hang?)", secs); /* ~0.3 s alone: a liveness bound, not a timing */
 #endif
     cr_assert_eq(d->n, 60000);
     const eng_tensor *x = col(d, "x"), *y = col(d, "label");

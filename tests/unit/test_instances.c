@@ -116,7 +116,7 @@ static srv_code predict_ones(srv_version *v, int64_t deadline_us, srv_error *err
     float ones[4] = {1, 1, 1, 1};
     eng_tensor t = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {1, 4}, .data = ones};
     cr_assert_eq(srv_tensors_add_copy(&in, "x", &t), 0);
-    srv_code c = srv_version_predict(v, &in, &out, deadline_us, err);
+    srv_code c = srv_version_predict(v, &in, &out, deadline_us, NULL, err);
     srv_tensors_free(&in);
     srv_tensors_free(&out);
     return c;
@@ -189,7 +189,7 @@ static void *conc_main(void *arg) {
         eng_tensor t = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {2, 4}, .data = x};
         srv_tensors_add_copy(&in, "x", &t);
         srv_error err = {0};
-        if (srv_version_predict(a->v, &in, &out, 0, &err) != SRV_OK || out.n != 1) a->bad++;
+        if (srv_version_predict(a->v, &in, &out, 0, NULL, &err) != SRV_OK || out.n != 1) a->bad++;
         else
             for (int k = 0; k < 8; k++)
                 if (((float *)out.t[0].data)[k] != x[k] + a->expect) a->bad++;

@@ -33,23 +33,23 @@ Test(metrics, cap_never_hides_a_live_version) {
     char name[32];
     for (int i = 0; i < SRV_METRICS_MAX_SERIES + 500; i++) { /* client-chosen junk fills the cap */
         snprintf(name, sizeof name, "junk%d", i);
-        srv_metrics_request(m, "", 0, name, "predict", SRV_NOT_FOUND, 10);
+        srv_metrics_request(m, "", 0, name, "predict", "rest", SRV_NOT_FOUND, 10);
     }
     cr_expect_eq(m->f[SRV_F_REQ_COUNT].n, SRV_METRICS_MAX_SERIES);
     cr_expect_gt(m->dropped, 0);
     /* a version deployed afterwards still gets every series */
     srv_metrics_state(m, "m", 2, 20);
     srv_metrics_state(m, "m", 2, 30);
-    srv_metrics_infer(m, "m", 2, NULL, "infer", SRV_OK, 5000, &(srv_infer_times){.rows = 1});
-    srv_metrics_infer(m, "m", 2, "stable", "predict", SRV_INVALID_ARGUMENT, 7000, NULL);
+    srv_metrics_infer(m, "m", 2, NULL, "infer", "rest", SRV_OK, 5000, &(srv_infer_times){.rows = 1});
+    srv_metrics_infer(m, "m", 2, "stable", "predict", "rest", SRV_INVALID_ARGUMENT, 7000, NULL);
     srv_metrics_batch(m, "m", 2, 3, 4);
     srv_metrics_queue(m, "m", 2, 50);
     char *s = render(m);
-    cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",status=\"OK\"}"), 1,
+    cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",protocol=\"rest\",status=\"OK\"}"), 1,
                  "%.2000s", strstr(s, "model=\"m\""));
     cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",label=\"stable\",api=\"predict\","
                            "status=\"INVALID_ARGUMENT\"}"), 1);
-    cr_expect_eq(sample(s, "tensord_request_latency_us_count{model=\"m\",version=\"2\",api=\"infer\"}"), 1);
+    cr_expect_eq(sample(s, "tensord_request_latency_us_count{model=\"m\",version=\"2\",api=\"infer\",protocol=\"rest\"}"), 1);
     cr_expect_eq(sample(s, "tensord_batch_size_count{model=\"m\",version=\"2\"}"), 1);
     cr_expect_eq(sample(s, "tensord_queue_latency_us_count{model=\"m\",version=\"2\"}"), 1);
     cr_expect_eq(sample(s, "tensord_model_version_state{model=\"m\",version=\"2\"}"), 30);
@@ -64,7 +64,7 @@ Test(metrics, forget_drops_a_retired_version) {
     for (int v = 1; v <= 2; v++) {
         srv_metrics_load(m, "m", v, 1.5, 64);
         srv_metrics_swap(m, "m", v, "load");
-        srv_metrics_infer(m, "m", v, NULL, "infer", SRV_OK, 1000, NULL);
+        srv_metrics_infer(m, "m", v, NULL, "infer", "rest", SRV_OK, 1000, NULL);
         srv_metrics_batch(m, "m", v, 2, 2);
         srv_metrics_queue(m, "m", v, 5);
     }
@@ -81,15 +81,15 @@ Test(metrics, forget_drops_a_retired_version) {
     cr_expect_null(strstr(s, "tensord_inference_stats_count{model=\"m\",version=\"1\""));
     /* its lifecycle history stays; version 2 is untouched */
     cr_expect_eq(sample(s, "tensord_model_swap_count{model=\"m\",version=\"1\",event=\"unload\"}"), 1);
-    cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",status=\"OK\"}"), 1);
+    cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",protocol=\"rest\",status=\"OK\"}"), 1);
     cr_expect_eq(sample(s, "tensord_inference_stats_count{model=\"m\",version=\"2\",stat=\"success\"}"), 1);
     free(s);
     /* the index still finds every remaining series after the removal */
-    srv_metrics_infer(m, "m", 2, NULL, "infer", SRV_OK, 1000, NULL);
+    srv_metrics_infer(m, "m", 2, NULL, "infer", "rest", SRV_OK, 1000, NULL);
     s = render(m);
-    cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",status=\"OK\"}"), 2);
-    char *p = strstr(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",status=\"OK\"}");
-    cr_expect(p && !strstr(p + 1, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",status=\"OK\"}"),
+    cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",protocol=\"rest\",status=\"OK\"}"), 2);
+    char *p = strstr(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",protocol=\"rest\",status=\"OK\"}");
+    cr_expect(p && !strstr(p + 1, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",protocol=\"rest\",status=\"OK\"}"),
               "series duplicated after forget");
     free(s);
     /* retired versions never grow the reserved set: kept series count against the cap again */
@@ -103,9 +103,9 @@ Test(metrics, stats_agree_with_prometheus) {
     srv_metrics_run(m, "m", 3, 1, 100, 200, 250); /* warm-up (LOADING): not an execution */
     srv_metrics_state(m, "m", 3, 30);
     srv_infer_times t = {.input_ns = 10, .queue_ns = 20, .infer_ns = 30, .output_ns = 40, .rows = 4};
-    for (int i = 0; i < 3; i++) srv_metrics_infer(m, "m", 3, NULL, i ? "infer" : "predict", SRV_OK, 1000, &t);
-    srv_metrics_infer(m, "m", 3, NULL, "infer", SRV_INVALID_ARGUMENT, 500, NULL);
-    srv_metrics_request(m, "m", 3, NULL, "metadata", SRV_OK, 1); /* not an inference */
+    for (int i = 0; i < 3; i++) srv_metrics_infer(m, "m", 3, NULL, i ? "infer" : "predict", "rest", SRV_OK, 1000, &t);
+    srv_metrics_infer(m, "m", 3, NULL, "infer", "rest", SRV_INVALID_ARGUMENT, 500, NULL);
+    srv_metrics_request(m, "m", 3, NULL, "metadata", "rest", SRV_OK, 1); /* not an inference */
     srv_metrics_run(m, "m", 3, 4, 1000, 1300, 1350);
     srv_metrics_run(m, "m", 3, 4, 2000, 2100, 2110);
     srv_metrics_run(m, "m", 3, 1, 3000, 3050, 3060);
@@ -148,8 +148,8 @@ Test(metrics, stats_agree_with_prometheus) {
         cr_expect_eq(sample(s, key), ns[i], "%s", key);
     }
     /* the success/fail figures are the request counter's inference rows */
-    double ok = sample(s, "tensord_request_count{model=\"m\",version=\"3\",api=\"infer\",status=\"OK\"}") +
-                sample(s, "tensord_request_count{model=\"m\",version=\"3\",api=\"predict\",status=\"OK\"}");
+    double ok = sample(s, "tensord_request_count{model=\"m\",version=\"3\",api=\"infer\",protocol=\"rest\",status=\"OK\"}") +
+                sample(s, "tensord_request_count{model=\"m\",version=\"3\",api=\"predict\",protocol=\"rest\",status=\"OK\"}");
     cr_expect_eq(ok, 3);
     cr_expect_eq(sample(s, "tensord_inference_count{model=\"m\",version=\"3\"}"), 12);
     cr_expect_eq(sample(s, "tensord_inference_exec_count{model=\"m\",version=\"3\"}"), 3);
@@ -180,11 +180,11 @@ Test(metrics, many_live_series_found_again) {
     for (int i = 0; i < 3000; i++) {
         snprintf(model, sizeof model, "m%d", i);
         srv_metrics_state(m, model, 1, 30);
-        srv_metrics_infer(m, model, 1, NULL, "infer", SRV_OK, 1, NULL);
+        srv_metrics_infer(m, model, 1, NULL, "infer", "rest", SRV_OK, 1, NULL);
     }
     for (int i = 0; i < 3000; i++) {
         snprintf(model, sizeof model, "m%d", i);
-        srv_metrics_infer(m, model, 1, NULL, "infer", SRV_OK, 1, NULL);
+        srv_metrics_infer(m, model, 1, NULL, "infer", "rest", SRV_OK, 1, NULL);
     }
     cr_expect_eq(m->f[SRV_F_REQ_COUNT].n, 3000);
     cr_expect_eq(m->nv, 3000);
@@ -195,7 +195,7 @@ Test(metrics, many_live_series_found_again) {
     }
     cr_expect_eq(m->f[SRV_F_REQ_COUNT].n, 1500);
     cr_expect_eq(m->nv, 1500);
-    srv_metrics_infer(m, "m1", 1, NULL, "infer", SRV_OK, 1, NULL);
+    srv_metrics_infer(m, "m1", 1, NULL, "infer", "rest", SRV_OK, 1, NULL);
     cr_expect_eq(m->f[SRV_F_REQ_COUNT].n, 1500);
     cr_expect_eq(m->dropped, 0);
     srv_metrics_free(&m);

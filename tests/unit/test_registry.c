@@ -358,7 +358,7 @@ static void *hammer_main(void *arg) {
         float ones[4] = {1, 1, 1, 1};
         eng_tensor t = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {1, 4}, .data = ones};
         srv_tensors_add_copy(&in, "x", &t);
-        if (srv_version_predict(v, &in, &out, 0, &err) != SRV_OK) atomic_fetch_add(&h->fails, 1);
+        if (srv_version_predict(v, &in, &out, 0, NULL, &err) != SRV_OK) atomic_fetch_add(&h->fails, 1);
         srv_tensors_free(&in);
         srv_tensors_free(&out);
         srv_version_release(v);
@@ -454,7 +454,7 @@ static srv_code predict_with(srv_version *v, const char *n1, eng_dtype dt1, int6
     eng_tensor t2 = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {1, 4}, .data = ones};
     srv_tensors_add_copy(&in, n1, &t1);
     if (n2) srv_tensors_add_copy(&in, n2, &t2);
-    srv_code c = srv_version_predict(v, &in, out, 0, err);
+    srv_code c = srv_version_predict(v, &in, out, 0, NULL, err);
     srv_tensors_free(&in);
     return c;
 }
@@ -506,7 +506,7 @@ Test(registry, signature_aliases_labels_and_input_checks) {
     eng_tensor t = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {1, 4}, .data = ones};
     srv_tensors_add_copy(&in, "left", &t);
     srv_tensors_add_copy(&in, "right", &t);
-    cr_assert_eq(srv_version_predict(v, &in, &out, srv_now_us() - 1, &err), SRV_DEADLINE_EXCEEDED);
+    cr_assert_eq(srv_version_predict(v, &in, &out, srv_now_us() - 1, NULL, &err), SRV_DEADLINE_EXCEEDED);
     srv_tensors_free(&in);
     srv_version_release(v);
     srv_registry_free(&r);
@@ -600,7 +600,7 @@ static void *batch_main(void *arg) {
         float x[8] = {(float)i, 0, 0, 0, 1, 1, 1, 1};
         eng_tensor t = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {2, 4}, .data = x};
         srv_tensors_add_copy(&in, "x", &t);
-        if (srv_version_predict(v, &in, &out, srv_now_us() + 10 * 1000 * 1000, &err) != SRV_OK || out.n != 1 ||
+        if (srv_version_predict(v, &in, &out, srv_now_us() + 10 * 1000 * 1000, NULL, &err) != SRV_OK || out.n != 1 ||
             out.t[0].dims[0] != 2 || ((float *)out.t[0].data)[0] != (float)i + 1 || ((float *)out.t[0].data)[4] != 2)
             w->bad++;
         srv_tensors_free(&in);
