@@ -40,7 +40,7 @@ typedef struct srv_options {
     char *admin_token;                 /* read from admin_token_file or the env; NULL: none configured */
     char *grpc_host;                   /* --grpc_api_host (tensord extension): default --rest_api_host's value */
     int64_t grpc_max_receive_bytes;    /* --grpc_max_receive_message_bytes, 64 MiB */
-    int grpc_threads;                  /* --grpc_max_threads: completion-queue threads, 0: one per core */
+    int grpc_threads;                  /* --grpc_max_threads: completion-queue threads, 0: half the cores */
     char *ssl_config_file;             /* --ssl_config_file: TF Serving's SSLConfig (TLS for gRPC) */
 } srv_options;
 

@@ -74,6 +74,7 @@ struct srv_grpc_call {
     grpc_metadata_array md;
     grpc_call_details details;  /* unknown methods only */
     grpc_byte_buffer *payload;
+    grpc_slice msg;             /* the request bytes while a worker decodes them (large requests) */
     int cancelled;              /* RECV_CLOSE_ON_SERVER's out argument */
     atomic_int gone;            /* the client cancelled or the deadline passed: the request path drops it */
     atomic_int refs;            /* the close op, the reply (or the stream), sends in flight */

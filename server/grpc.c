@@ -1,7 +1,7 @@
 /* grpc.c - the gRPC server on gRPC C core (see grpc.h): listening, completion-queue threads, the life of a
  * call, replies, the drain, and grpc.health.v1.Health.
  *
- * Threads: one completion queue per thread (nthreads, default one per core, at least 2). Each queue keeps
+ * Threads: one completion queue per thread (nthreads, default half the cores, 1 below 4). Each queue keeps
  * SRV_GRPC_PENDING requested calls per registered method (grpc_server_request_registered_call, payload read
  * by the core) plus a few for unknown methods (grpc_server_request_call, answered UNIMPLEMENTED); a call that
  * arrives is replaced by a new request before it is handled, so the pool never runs dry.
@@ -41,6 +41,7 @@
 #define SRV_GRPC_PENDING 8       /* requested calls per method per completion queue */
 #define SRV_GRPC_PENDING_UNKNOWN 2
 #define SRV_GRPC_WATCH_MS 100
+#define SRV_GRPC_INLINE_BYTES (256 << 10) /* larger requests are decoded on a worker, not a queue thread */
 
 enum { TAG_NEW = 1, TAG_CLOSE, TAG_SEND, TAG_MSG, TAG_SHUTDOWN };
 
@@ -203,6 +204,13 @@ int srv_grpc_authorized(srv_grpc_call *c) {
     return 0;
 }
 
+static void call_handle_deferred(srv_grpc_call *c) {
+    grpc_slice s = c->msg;
+    c->msg = grpc_empty_slice();
+    c->g->methods[c->method]->fn(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+    grpc_slice_unref(s);
+}
+
 /* A call arrived: watch for its close, then hand it to its method. */
 static void call_start(srv_grpc_call *c) {
     srv_grpc *g = c->g;
@@ -252,9 +260,14 @@ static void call_start(srv_grpc_call *c) {
     grpc_byte_buffer_reader_destroy(&rd);
     grpc_byte_buffer_destroy(c->payload);
     c->payload = NULL;
+    if (m->streaming && c->counted) atomic_fetch_sub(&g->inflight, 1), c->counted = 0;
+    if (GRPC_SLICE_LENGTH(s) > SRV_GRPC_INLINE_BYTES && !m->streaming) {
+        c->msg = s; /* decoding it takes a while: not on the queue thread */
+        srv_grpc_defer(c, call_handle_deferred);
+        return;
+    }
     m->fn(c, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
     grpc_slice_unref(s);
-    if (m->streaming && c->counted) atomic_fetch_sub(&g->inflight, 1), c->counted = 0;
 }
 
 static void watch_closed(srv_grpc_call *c);
@@ -554,7 +567,10 @@ srv_grpc *srv_grpc_start(const srv_grpc_opts *o, srv_registry *reg, srv_metrics 
     pthread_mutex_init(&g->wmu, NULL);
     pthread_cond_init(&g->wcv, NULL);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    g->ncq = o->nthreads > 0 ? o->nthreads : ncpu > 2 ? (int)ncpu : 2;
+    /* Half the cores: a queue thread decodes, answers quick requests inline and drives gRPC's I/O; more threads
+     * than that contend with the inference threads and the core's own (measured: 2 threads on 2 cores cost ~1.5x
+     * the CPU per call of 1) */
+    g->ncq = o->nthreads > 0 ? o->nthreads : ncpu >= 4 ? (int)(ncpu / 2) : 1;
     if (g->ncq > 64) g->ncq = 64;
 
     grpc_arg args[4];

@@ -19,7 +19,7 @@ typedef struct srv_grpc_opts {
     const char *host;            /* bind address, default "0.0.0.0" */
     int port;                    /* > 0 */
     size_t max_receive_bytes;    /* default 64 MiB */
-    int nthreads;                /* completion-queue threads, <= 0: one per core (at least 2) */
+    int nthreads;                /* completion-queue threads, <= 0: half the cores (1 below 4 cores) */
     const char *ssl_config_file; /* TF Serving's SSLConfig in text format: TLS (NULL: plaintext) */
     int explicit_control;        /* --model_control_mode=explicit: RepositoryModelLoad/Unload on */
     const char *admin_token;     /* NULL: none; else repository calls need "authorization: Bearer <it>" */
