@@ -582,8 +582,9 @@ static int srv_tfs_pick(const srv_tensors *out, const char *const *names) {
     return out->n > 0 ? 0 : -1;
 }
 
-int srv_tfs_classify_scores(const srv_tensors *out, int64_t *n, int64_t *k, srv_error *err) {
-    static const char *const names[] = {"scores", "probabilities", "probs", "output", "outputs", NULL};
+/* The output a classify (regress = 0) or regress reply reports (srv_tfs_pick by names), its shape checked:
+ * [n, k] or [n] scores, or one value per example. -1 with err set. */
+static int srv_tfs_result(const srv_tensors *out, const char *const *names, int regress, srv_error *err) {
     char sb[160];
     int j = srv_tfs_pick(out, names);
     if (j < 0) {
@@ -591,31 +592,28 @@ int srv_tfs_classify_scores(const srv_tensors *out, int64_t *n, int64_t *k, srv_
         return -1;
     }
     const eng_tensor *t = &out->t[j];
-    if (t->ndim < 1 || t->ndim > 2) {
-        srv_err(err, SRV_FAILED_PRECONDITION, "classify needs scores of shape [batch, classes]; output '%s' is %s",
+    int ok = t->ndim >= 1 && t->ndim <= 2 && (!regress || t->ndim == 1 || t->dims[1] == 1);
+    if (!ok) {
+        srv_err(err, SRV_FAILED_PRECONDITION, "%s; output '%s' is %s",
+                regress ? "regress needs one value per example" : "classify needs scores of shape [batch, classes]",
                 out->names[j], eng_shape_str(t->dims, t->ndim, sb, sizeof sb));
         return -1;
     }
-    *n = t->dims[0];
-    *k = t->ndim == 2 ? t->dims[1] : 1;
+    return j;
+}
+
+int srv_tfs_classify_scores(const srv_tensors *out, int64_t *n, int64_t *k, srv_error *err) {
+    static const char *const names[] = {"scores", "probabilities", "probs", "output", "outputs", NULL};
+    int j = srv_tfs_result(out, names, 0, err);
+    if (j < 0) return -1;
+    *n = out->t[j].dims[0];
+    *k = out->t[j].ndim == 2 ? out->t[j].dims[1] : 1;
     return j;
 }
 
 int srv_tfs_regress_values(const srv_tensors *out, srv_error *err) {
     static const char *const names[] = {"outputs", "output", "predictions", "scores", NULL};
-    char sb[160];
-    int j = srv_tfs_pick(out, names);
-    if (j < 0) {
-        srv_err(err, SRV_INTERNAL, "the model produced no outputs");
-        return -1;
-    }
-    const eng_tensor *t = &out->t[j];
-    if (t->ndim < 1 || t->ndim > 2 || (t->ndim == 2 && t->dims[1] != 1)) {
-        srv_err(err, SRV_FAILED_PRECONDITION, "regress needs one value per example; output '%s' is %s",
-                out->names[j], eng_shape_str(t->dims, t->ndim, sb, sizeof sb));
-        return -1;
-    }
-    return j;
+    return srv_tfs_result(out, names, 1, err);
 }
 
 char *srv_tfs_encode_classify(const srv_version_info *info, const srv_tensors *out, size_t *len, srv_error *err) {

@@ -83,6 +83,15 @@ static srv_code alloc_data(const char *name, eng_tensor *t, size_t nbytes, srv_e
     return SRV_OK;
 }
 
+/* A value check failed after the data was allocated: free it, so that a failed decode owns nothing. */
+static srv_code drop_on_error(eng_tensor *t, srv_code rc) {
+    if (rc != SRV_OK) {
+        eng_free(t->data);
+        t->data = NULL;
+    }
+    return rc;
+}
+
 /* Store n integer values (from 32- or 64-bit arrays, signed or not) into t, checking each fits the dtype;
  * numel > n repeats the last value (fill). */
 static srv_code put_ints(const char *name, eng_tensor *t, int64_t numel, const void *vals, size_t n, int width,
@@ -191,12 +200,13 @@ srv_code srv_tfproto_decode(const Tensorflow__TensorProto *p, const char *name, 
     }
     switch (t->dtype) {
     case ENG_DTYPE_F32: case ENG_DTYPE_F64: case ENG_DTYPE_F16: case ENG_DTYPE_BF16: return SRV_OK;
-    case ENG_DTYPE_I64: return put_ints(name, t, numel, p->int64_val, n, 64, 0, err);
-    case ENG_DTYPE_U64: return put_ints(name, t, numel, p->uint64_val, n, 64, 1, err);
-    case ENG_DTYPE_U32: return put_ints(name, t, numel, p->uint32_val, n, 32, 1, err);
-    case ENG_DTYPE_BOOL: return put_ints(name, t, numel, p->bool_val, n, 32, 0, err);
-    default: return put_ints(name, t, numel, p->int_val, n, 32, 0, err);
+    case ENG_DTYPE_I64: rc = put_ints(name, t, numel, p->int64_val, n, 64, 0, err); break;
+    case ENG_DTYPE_U64: rc = put_ints(name, t, numel, p->uint64_val, n, 64, 1, err); break;
+    case ENG_DTYPE_U32: rc = put_ints(name, t, numel, p->uint32_val, n, 32, 1, err); break;
+    case ENG_DTYPE_BOOL: rc = put_ints(name, t, numel, p->bool_val, n, 32, 0, err); break;
+    default: rc = put_ints(name, t, numel, p->int_val, n, 32, 0, err); break;
     }
+    return drop_on_error(t, rc);
 }
 
 srv_code srv_tfproto_encode(const eng_tensor *t, const char *name, srv_tfproto_out *o, srv_error *err) {
@@ -238,7 +248,7 @@ srv_code srv_kserve_contents_decode(const char *name, eng_dtype dt, const int64_
                            "input '%s': raw_input_contents has %zu bytes, but shape %s of %s needs %zu", name, raw->len,
                            sh, srv_kserve_dtype(dt), nbytes);
         if ((rc = alloc_data(name, t, nbytes, err)) != SRV_OK) return rc;
-        memcpy(t->data, raw->data, nbytes);
+        if (nbytes) memcpy(t->data, raw->data, nbytes);
         return SRV_OK;
     }
     size_t n = 0;
@@ -269,10 +279,11 @@ srv_code srv_kserve_contents_decode(const char *name, eng_dtype dt, const int64_
     switch (dt) {
     case ENG_DTYPE_F32: memcpy(t->data, c->fp32_contents, nbytes); return SRV_OK;
     case ENG_DTYPE_F64: memcpy(t->data, c->fp64_contents, nbytes); return SRV_OK;
-    case ENG_DTYPE_BOOL: return put_ints(name, t, numel, c->bool_contents, n, 32, 0, err);
-    case ENG_DTYPE_I64: return put_ints(name, t, numel, c->int64_contents, n, 64, 0, err);
-    case ENG_DTYPE_U64: return put_ints(name, t, numel, c->uint64_contents, n, 64, 1, err);
-    case ENG_DTYPE_U8: case ENG_DTYPE_U16: case ENG_DTYPE_U32: return put_ints(name, t, numel, c->uint_contents, n, 32, 1, err);
-    default: return put_ints(name, t, numel, c->int_contents, n, 32, 0, err);
+    case ENG_DTYPE_BOOL: rc = put_ints(name, t, numel, c->bool_contents, n, 32, 0, err); break;
+    case ENG_DTYPE_I64: rc = put_ints(name, t, numel, c->int64_contents, n, 64, 0, err); break;
+    case ENG_DTYPE_U64: rc = put_ints(name, t, numel, c->uint64_contents, n, 64, 1, err); break;
+    case ENG_DTYPE_U8: case ENG_DTYPE_U16: case ENG_DTYPE_U32: rc = put_ints(name, t, numel, c->uint_contents, n, 32, 1, err); break;
+    default: rc = put_ints(name, t, numel, c->int_contents, n, 32, 0, err); break;
     }
+    return drop_on_error(t, rc);
 }

@@ -428,14 +428,18 @@ static void *watch_thread(void *arg) {
 
 /* ---- the health service ---- */
 
-static void health_check(srv_grpc_call *c, const uint8_t *msg, size_t len) {
+/* The request of Check and Watch; NULL after answering the call with the error. */
+static Grpc__Health__V1__HealthCheckRequest *health_request(srv_grpc_call *c, const uint8_t *msg, size_t len) {
     srv_error err = {0};
     Grpc__Health__V1__HealthCheckRequest *rq = (Grpc__Health__V1__HealthCheckRequest *)srv_grpc_unpack(
         &grpc__health__v1__health_check_request__descriptor, msg, len, 1 << 20, &err);
-    if (!rq) {
-        srv_grpc_reply_err(c, &err);
-        return;
-    }
+    if (!rq) srv_grpc_reply_err(c, &err);
+    return rq;
+}
+
+static void health_check(srv_grpc_call *c, const uint8_t *msg, size_t len) {
+    Grpc__Health__V1__HealthCheckRequest *rq = health_request(c, msg, len);
+    if (!rq) return;
     int st = srv_grpc_health(c->g, rq->service);
     if (st == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN) {
         char m[400];
@@ -451,13 +455,8 @@ static void health_check(srv_grpc_call *c, const uint8_t *msg, size_t len) {
 }
 
 static void health_watch(srv_grpc_call *c, const uint8_t *msg, size_t len) {
-    srv_error err = {0};
-    Grpc__Health__V1__HealthCheckRequest *rq = (Grpc__Health__V1__HealthCheckRequest *)srv_grpc_unpack(
-        &grpc__health__v1__health_check_request__descriptor, msg, len, 1 << 20, &err);
-    if (!rq) {
-        srv_grpc_reply_err(c, &err);
-        return;
-    }
+    Grpc__Health__V1__HealthCheckRequest *rq = health_request(c, msg, len);
+    if (!rq) return;
     srv_grpc_watch(c, rq->service);
     protobuf_c_message_free_unpacked(&rq->base, NULL);
 }

@@ -46,8 +46,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import serving_util as u  # noqa: E402
+from grpc_util import RPC_TIMEOUT, check_status, rpc_error  # noqa: E402,F401
 
-RPC_TIMEOUT = 30
 CLASS_LABELS = ["cat", "dog", "bird"]
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE
 END = get_model_status_pb2.ModelVersionStatus.END
@@ -211,25 +211,6 @@ def predict_req(model, feeds, version=None, label=None, signature=None, output_f
         req.inputs[n].CopyFrom(a if isinstance(a, tensor_pb2.TensorProto) else form(a))
     req.output_filter.extend(output_filter)
     return req
-
-
-def rpc_error(fn, *a, **kw):
-    """Call fn expecting a grpc.RpcError; returns it (fails if the call succeeded)."""
-    kw.setdefault("timeout", RPC_TIMEOUT)
-    try:
-        resp = fn(*a, **kw)
-    except grpc.RpcError as e:
-        return e
-    pytest.fail(f"call succeeded, expected an error: {str(resp)[:500]}")
-
-
-def check_status(e, code, *must_contain):
-    assert e.code() == code, f"expected {code.name}, got {e.code().name}: {e.details()!r}"
-    msg = e.details() or ""
-    assert msg.strip(), f"{code.name} with an empty message"
-    for s in must_contain:
-        assert s.lower() in msg.lower(), f"{code.name} message does not mention {s!r}: {msg!r}"
-    return msg
 
 
 def version_status_of(srv, name):

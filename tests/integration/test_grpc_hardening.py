@@ -20,8 +20,8 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2  #
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 import serving_util as u  # noqa: E402
+from grpc_util import RPC_TIMEOUT, check_status, rpc_error  # noqa: E402,F401
 
-RPC_TIMEOUT = 30
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
 
@@ -39,24 +39,6 @@ def raw_tensor(dtype, shape, content=b"", float_val=()):
     return tensor_pb2.TensorProto(dtype=dtype, tensor_content=content, float_val=list(float_val),
                                   tensor_shape=tensor_shape_pb2.TensorShapeProto(
                                       dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in shape]))
-
-
-def rpc_error(fn, *a, **kw):
-    kw.setdefault("timeout", RPC_TIMEOUT)
-    try:
-        resp = fn(*a, **kw)
-    except grpc.RpcError as e:
-        return e
-    pytest.fail(f"call succeeded, expected an error: {str(resp)[:300]}")
-
-
-def check_status(e, code, *must_contain):
-    assert e.code() == code, f"expected {code.name}, got {e.code().name}: {e.details()!r}"
-    msg = e.details() or ""
-    assert msg.strip(), f"{code.name} with an empty message"
-    for s in must_contain:
-        assert s.lower() in msg.lower(), f"{code.name} message does not mention {s!r}: {msg!r}"
-    return msg
 
 
 def raw_call(channel, method, payload, timeout=RPC_TIMEOUT):

@@ -180,7 +180,7 @@ FIXTURE float predict1(srv_version *v, const char *in_name, const char *out_name
     eng_tensor t = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {1, 4}, .data = ones};
     cr_assert_eq(srv_tensors_add_copy(&in, in_name, &t), 0);
     srv_error err = {0};
-    srv_code c = srv_version_predict(v, &in, &out, 0, &err);
+    srv_code c = srv_version_predict(v, &in, &out, 0, NULL, &err);
     cr_assert_eq(c, SRV_OK, "predict: %s", err.msg);
     cr_assert_eq(out.n, 1);
     cr_assert_str_eq(out.names[0], out_name);

@@ -130,8 +130,8 @@ Test(instances, a_run_waits_for_a_free_instance_up_to_its_deadline) {
     srv_version *v = acquire(r, "m");
     int i0, i1;
     srv_error err = {0};
-    cr_assert_eq(version_take(v, 0, &i0, &err), SRV_OK);
-    cr_assert_eq(version_take(v, 0, &i1, &err), SRV_OK);
+    cr_assert_eq(version_take(v, 0, NULL, &i0, &err), SRV_OK);
+    cr_assert_eq(version_take(v, 0, NULL, &i1, &err), SRV_OK);
     cr_assert(i0 == 0 && i1 == 1, "lowest free first: %d %d", i0, i1);
     int64_t t0 = srv_now_us();
     cr_assert_eq(predict_ones(v, t0 + 60 * 1000, &err), SRV_DEADLINE_EXCEEDED);
@@ -139,6 +139,13 @@ Test(instances, a_run_waits_for_a_free_instance_up_to_its_deadline) {
     cr_assert(waited >= 55 * 1000 && waited < 2000 * 1000, "waited %lld us for a 60 ms deadline", (long long)waited);
     cr_assert(strstr(err.msg, "model 'm' version 1") && strstr(err.msg, "free execution instance") &&
                   strstr(err.msg, "all 2 busy"), "%s", err.msg);
+    /* a request whose client went away (or whose deadline the front door saw pass) stops waiting */
+    int idx = -1;
+    atomic_int gone = SRV_CANCEL_CLIENT;
+    cr_assert_eq(version_take(v, 0, &gone, &idx, &err), SRV_CANCELLED, "%s", err.msg);
+    atomic_store(&gone, SRV_CANCEL_DEADLINE);
+    cr_assert_eq(version_take(v, 0, &gone, &idx, &err), SRV_DEADLINE_EXCEEDED, "%s", err.msg);
+    cr_assert_eq(idx, -1, "a cancelled wait took an instance");
     hold_arg h = {.v = v, .idx = 1, .us = 50 * 1000};
     pthread_t th;
     pthread_create(&th, NULL, give_later, &h);

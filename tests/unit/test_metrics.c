@@ -48,7 +48,7 @@ Test(metrics, cap_never_hides_a_live_version) {
     cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",api=\"infer\",protocol=\"rest\",status=\"OK\"}"), 1,
                  "%.2000s", strstr(s, "model=\"m\""));
     cr_expect_eq(sample(s, "tensord_request_count{model=\"m\",version=\"2\",label=\"stable\",api=\"predict\","
-                           "status=\"INVALID_ARGUMENT\"}"), 1);
+                           "protocol=\"rest\",status=\"INVALID_ARGUMENT\"}"), 1);
     cr_expect_eq(sample(s, "tensord_request_latency_us_count{model=\"m\",version=\"2\",api=\"infer\",protocol=\"rest\"}"), 1);
     cr_expect_eq(sample(s, "tensord_batch_size_count{model=\"m\",version=\"2\"}"), 1);
     cr_expect_eq(sample(s, "tensord_queue_latency_us_count{model=\"m\",version=\"2\"}"), 1);

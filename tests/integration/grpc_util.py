@@ -1,0 +1,25 @@
+"""Helpers the gRPC tests share: expect an error from a call, and check its status and message."""
+import grpc
+import pytest
+
+RPC_TIMEOUT = 30
+
+
+def rpc_error(fn, *a, **kw):
+    """Call fn expecting a grpc.RpcError; returns it (fails if the call succeeded)."""
+    kw.setdefault("timeout", RPC_TIMEOUT)
+    try:
+        resp = fn(*a, **kw)
+    except grpc.RpcError as e:
+        return e
+    pytest.fail(f"call succeeded, expected an error: {str(resp)[:500]}")
+
+
+def check_status(e, code, *must_contain):
+    """e has status code and a non-empty message naming each of must_contain (case-insensitive); returns it."""
+    assert e.code() == code, f"expected {code.name}, got {e.code().name}: {e.details()!r}"
+    msg = e.details() or ""
+    assert msg.strip(), f"{code.name} with an empty message"
+    for s in must_contain:
+        assert s.lower() in msg.lower(), f"{code.name} message does not mention {s!r}: {msg!r}"
+    return msg
