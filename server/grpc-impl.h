@@ -80,6 +80,7 @@ struct srv_grpc_call {
     atomic_int refs;            /* the close op, the reply (or the stream), sends in flight */
     atomic_int answered;        /* srv_grpc_reply ran (or the drain cut it off) */
     atomic_int cut_done;        /* the drain's cut ran for this call */
+    atomic_int close_started;   /* RECV_CLOSE_ON_SERVER is on its way (alone, or in the send batch) */
     int counted;                /* in g->inflight */
     int64_t t0_us, deadline_us;
     srv_grpc_tag t_new, t_close, t_send, t_msg;
@@ -110,6 +111,8 @@ static inline size_t srv_grpc_decode_limit(const srv_grpc *g) { return g->max_re
 /* Record a non-inference call in metrics (api "metadata", "status", ...): model only when it is configured or a
  * version served (version > 0); the request path records inference itself. */
 void srv_grpc_record(srv_grpc_call *c, const char *model, int64_t version, const char *api, srv_code code);
+/* The handler's request goes on on another thread (infer ops' going_async): watch for a cancel from now on. */
+void srv_grpc_going_async(srv_grpc_call *c);
 /* Run fn(c) on a worker (work that may block); fn must reply. */
 void srv_grpc_defer(srv_grpc_call *c, void (*fn)(srv_grpc_call *c));
 /* The call's metadata value for key (lowercase), NUL-terminated into buf, or NULL. */

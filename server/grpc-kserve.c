@@ -245,7 +245,10 @@ static void kv_done(void *u, srv_code code, const srv_error *err) {
     free(k);
 }
 
-static const srv_infer_ops kv_ops = {.decode = kv_decode, .encode = kv_encode, .done = kv_done};
+static void kv_async(void *u) { srv_grpc_going_async(((kv_call *)u)->c); }
+
+static const srv_infer_ops kv_ops = {.decode = kv_decode, .encode = kv_encode, .done = kv_done,
+                                     .going_async = kv_async};
 
 static void kv_infer(srv_grpc_call *c, const uint8_t *msg, size_t len) {
     srv_error err = {0};

@@ -222,7 +222,10 @@ static void tfs_done(void *u, srv_code code, const srv_error *err) {
     free(t);
 }
 
-static const srv_infer_ops tfs_ops = {.decode = tfs_decode, .encode = tfs_encode, .done = tfs_done};
+static void tfs_async(void *u) { srv_grpc_going_async(((tfs_call *)u)->c); }
+
+static const srv_infer_ops tfs_ops = {.decode = tfs_decode, .encode = tfs_encode, .done = tfs_done,
+                                      .going_async = tfs_async};
 
 static void tfs_infer(srv_grpc_call *c, const uint8_t *msg, size_t len, int kind) {
     static const ProtobufCMessageDescriptor *const descs[] = {

@@ -5,8 +5,9 @@
  * SRV_GRPC_PENDING requested calls per registered method (grpc_server_request_registered_call, payload read
  * by the core) plus a few for unknown methods (grpc_server_request_call, answered UNIMPLEMENTED); a call that
  * arrives is replaced by a new request before it is handled, so the pool never runs dry.
- * A call: NEW (request bytes in hand) -> RECV_CLOSE_ON_SERVER started at once, so a cancel or an expired
- * deadline is seen while the request waits (it sets `gone`, which the batcher and the worker pool read) ->
+ * A call: NEW (request bytes in hand) -> RECV_CLOSE_ON_SERVER, started as soon as the call goes past the queue
+ * thread (batcher, worker, stream) so that a cancel or an expired deadline is seen while the request waits (it
+ * sets `gone`, which the batcher, the instance wait and the worker pool read), else sent with the reply ->
  * the method's handler decodes and answers with srv_grpc_reply, on this thread or later on a worker or a
  * batch thread -> SEND_INITIAL_METADATA + SEND_MESSAGE + SEND_STATUS_FROM_SERVER -> freed when both the close
  * and the send completed (refs: close op, the handler's ownership, each send in flight).
@@ -86,9 +87,25 @@ static void request_call(srv_grpc *g, int m, int q) {
     if (e != GRPC_CALL_OK) call_free(c);
 }
 
-/* Start the send batch: initial metadata, the message (if bb), the status. Holds a ref until it completes. */
+/* Start watching for the call's close (RECV_CLOSE_ON_SERVER: a cancel or an expired deadline sets `gone`), once:
+ * when the call goes on past its queue thread's turn (batcher, worker, a stream). A call answered right away
+ * gets the op in its send batch instead, which saves a batch and a completion per call. */
+static void call_watch_close(srv_grpc_call *c) {
+    if (atomic_exchange(&c->close_started, 1)) return;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->cancelled;
+    atomic_fetch_add(&c->refs, 1);
+    if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK) call_unref(c);
+}
+
+void srv_grpc_going_async(srv_grpc_call *c) { call_watch_close(c); }
+
+/* Start the send batch: initial metadata, the message (if bb), the status, and the close unless it is watched
+ * already. Holds a ref until it completes. */
 static void call_send(srv_grpc_call *c, srv_code code, const char *msg, grpc_byte_buffer *bb) {
-    grpc_op ops[3];
+    grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     int n = 0;
     ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -102,6 +119,10 @@ static void call_send(srv_grpc_call *c, srv_code code, const char *msg, grpc_byt
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.status = (grpc_status_code)code;
     ops[n++].data.send_status_from_server.status_details = code == SRV_OK ? NULL : &c->details_slice;
+    if (!atomic_exchange(&c->close_started, 1)) {
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+    }
     atomic_fetch_add(&c->refs, 1);
     if (grpc_call_start_batch(c->call, ops, (size_t)n, &c->t_send, NULL) != GRPC_CALL_OK) {
         if (c->counted) atomic_fetch_sub(&c->g->inflight, 1), c->counted = 0;
@@ -171,6 +192,7 @@ static void call_work_run(srv_work *w) {
 }
 
 void srv_grpc_defer(srv_grpc_call *c, void (*fn)(srv_grpc_call *c)) {
+    call_watch_close(c);
     c->deferred = fn;
     c->w.run = call_work_run;
     if (srv_infer_queue(c->g->inf, &c->w) != 0) fn(c);
@@ -214,7 +236,7 @@ static void call_handle_deferred(srv_grpc_call *c) {
 /* A call arrived: watch for its close, then hand it to its method. */
 static void call_start(srv_grpc_call *c) {
     srv_grpc *g = c->g;
-    atomic_store(&c->refs, 2); /* the close op, the handler */
+    atomic_store(&c->refs, 1); /* the handler's; the close op and each send batch add theirs */
     c->t0_us = srv_now_us();
     gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
     gpr_timespec dl = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
@@ -225,11 +247,6 @@ static void call_start(srv_grpc_call *c) {
     } else if (g->default_timeout_ms > 0) {
         c->deadline_us = c->t0_us + g->default_timeout_ms * 1000;
     }
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    op.data.recv_close_on_server.cancelled = &c->cancelled;
-    if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK) call_unref(c);
     c->w.cut = call_cut;
     if (c->method < 0) {
         char msg[600];
@@ -261,6 +278,7 @@ static void call_start(srv_grpc_call *c) {
     grpc_byte_buffer_destroy(c->payload);
     c->payload = NULL;
     if (m->streaming && c->counted) atomic_fetch_sub(&g->inflight, 1), c->counted = 0;
+    if (m->streaming) call_watch_close(c); /* a stream ends when the client closes it */
     if (GRPC_SLICE_LENGTH(s) > SRV_GRPC_INLINE_BYTES && !m->streaming) {
         c->msg = s; /* decoding it takes a while: not on the queue thread */
         srv_grpc_defer(c, call_handle_deferred);
