@@ -59,10 +59,8 @@ def _ssl_config(pki, path, client_verify=False, with_cert=True):
 def _serve(tmp_path, cfg):
     base = str(tmp_path / "m")
     u.write_version(base, 1, u.mm_model())
-    gport = u.free_port()
-    srv = u.Server(tmp_path, base_path=base, extra=[f"--port={gport}", "--grpc_api_host=127.0.0.1",
-                                                    f"--ssl_config_file={cfg}"])
-    return srv, gport
+    srv = u.Server(tmp_path, base_path=base, grpc=True, extra=[f"--ssl_config_file={cfg}"])  # waits for the port
+    return srv, srv.grpc_port
 
 
 def _predict(channel, x):
