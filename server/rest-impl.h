@@ -48,6 +48,7 @@ typedef struct srv_reply {
     size_t header_len;    /* > 0: Inference-Header-Content-Length */
     const char *allow;    /* for 405: the Allow header */
     int pending;          /* set by a handler: the reply comes later, through srv_rest_async_reply */
+    int64_t model_version;/* > 0: the version that answered an inference (X-Model-Version) */
 } srv_reply;
 
 /* Request context given to the handlers. */

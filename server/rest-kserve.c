@@ -143,6 +143,7 @@ typedef struct srv_kserve_call {
     size_t len, json_len;
     srv_reply *o;      /* the handler's reply, when done comes before srv_infer_submit returns */
     int async;
+    int64_t version;   /* the version that answered (X-Model-Version) */
 } srv_kserve_call;
 
 static srv_code srv_kserve_call_decode(void *u, const srv_version_info *info, srv_tensors *in, srv_error *err) {
@@ -156,6 +157,7 @@ static srv_code srv_kserve_call_encode(void *u, const srv_version_info *info, co
     srv_kserve_call *c = u;
     (void)in;
     c->kr.batch_first = srv_kserve_max_batch(info, srv_registry_batching(c->q.r->reg)) > 0;
+    c->version = info->version;
     c->body = srv_kserve_encode_infer(info, out, &c->kr, &c->len, &c->json_len, err);
     return c->body ? SRV_OK : err->code != SRV_OK ? err->code : SRV_INTERNAL;
 }
@@ -177,6 +179,7 @@ static void srv_kserve_call_done(void *u, srv_code code, const srv_error *err) {
     } else {
         srv_reply_code(&r, err);
     }
+    if (code == SRV_OK) r.model_version = c->version;
     srv_kserve_req_free(&c->kr);
     if (c->async) srv_rest_async_reply(c->q.cn, &r);
     else *c->o = r;

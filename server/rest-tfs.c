@@ -176,6 +176,7 @@ typedef struct srv_tfs_call {
     size_t len;
     srv_reply *o;      /* the handler's reply, when done comes before srv_infer_submit returns */
     int async;
+    int64_t version;   /* the version that answered (X-Model-Version) */
 } srv_tfs_call;
 
 static srv_code srv_tfs_call_decode(void *u, const srv_version_info *info, srv_tensors *in, srv_error *err) {
@@ -189,6 +190,7 @@ static srv_code srv_tfs_call_encode(void *u, const srv_version_info *info, const
     srv_tfs_call *c = u;
     (void)in;
     const char *api = c->rt.verb;
+    c->version = info->version;
     if (!strcmp(api, "predict")) c->body = srv_tfs_encode_predict(info, out, c->fmt, &c->len, err);
     else if (!strcmp(api, "classify")) c->body = srv_tfs_encode_classify(info, out, &c->len, err);
     else c->body = srv_tfs_encode_regress(info, out, &c->len, err);
@@ -206,6 +208,7 @@ static void srv_tfs_call_done(void *u, srv_code code, const srv_error *err) {
     srv_reply r = {0};
     if (code == SRV_OK) srv_reply_text(&r, 200, c->body, c->len, "application/json");
     else srv_reply_code(&r, err);
+    if (code == SRV_OK) r.model_version = c->version;
     if (c->async) srv_rest_async_reply(c->q.cn, &r);
     else *c->o = r;
     free(c);

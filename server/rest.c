@@ -174,6 +174,11 @@ static enum MHD_Result srv_rest_send(srv_rest *r, struct MHD_Connection *c, srv_
         MHD_add_response_header(resp, "Inference-Header-Content-Length", hl);
     }
     if (o->allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, o->allow);
+    if (o->model_version > 0) {
+        char mv[24];
+        snprintf(mv, sizeof mv, "%lld", (long long)o->model_version);
+        MHD_add_response_header(resp, "X-Model-Version", mv);
+    }
     if (o->status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (o->status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (atomic_load(&r->quiescing) || (cn && cn->close_after))
