@@ -186,16 +186,8 @@ def parse_args():
 # tools
 
 def build_grpc_load():
-    src = os.path.join(ROOT, "bench", "grpc_load.c")
-    out = os.path.join(ROOT, "build", "bench", "grpc_load")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
-        flags = machine.run_out("pkg-config", "--cflags", "--libs", "grpc").split() or ["-lgrpc", "-lgpr"]
-        cmd = ["gcc", "-O2", "-Wall", "-Wextra", "-o", out, src, *flags, "-lpthread"]
-        cp = subprocess.run(cmd, capture_output=True, text=True)
-        if cp.returncode != 0:
-            sys.exit(f"error: building grpc_load failed (needs libgrpc-dev):\n{' '.join(cmd)}\n{cp.stderr[-2000:]}")
-    return out
+    flags = machine.run_out("pkg-config", "--cflags", "--libs", "grpc").split() or ["-lgrpc", "-lgpr"]
+    return serve_bench.build_tool("grpc_load", flags, needs=" (needs libgrpc-dev)")
 
 
 def run_grpc_load(tool, target, method, req_path, streams, duration, dump=None):

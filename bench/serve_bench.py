@@ -97,16 +97,21 @@ def need_wrk():
     return w
 
 
-def build_bare():
-    src = os.path.join(ROOT, "bench", "bare_mhd.c")
-    out = os.path.join(ROOT, "build", "bench", "bare_mhd")
+def build_tool(name, libs, needs=""):
+    """Compile bench/NAME.c to build/bench/NAME (gcc -O2) when the binary is missing or older than its source."""
+    src = os.path.join(ROOT, "bench", name + ".c")
+    out = os.path.join(ROOT, "build", "bench", name)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
-        cmd = ["gcc", "-O2", "-Wall", "-Wextra", "-o", out, src, "-lmicrohttpd", "-lpthread"]
+        cmd = ["gcc", "-O2", "-Wall", "-Wextra", "-o", out, src, *libs, "-lpthread"]
         cp = subprocess.run(cmd, capture_output=True, text=True)
         if cp.returncode != 0:
-            sys.exit(f"error: building bare_mhd failed:\n{' '.join(cmd)}\n{cp.stderr}")
+            sys.exit(f"error: building {name} failed{needs}:\n{' '.join(cmd)}\n{cp.stderr[-2000:]}")
     return out
+
+
+def build_bare():
+    return build_tool("bare_mhd", ["-lmicrohttpd"])
 
 
 def free_port():
