@@ -200,6 +200,50 @@ void srv_options_free(srv_options *o) {
     memset(o, 0, sizeof *o);
 }
 
+/* tensord's `traffic { routes { key: 'stable' value: 90 } ... sticky_header: 'X-User-Id' shadow: 'canary' }` in a
+ * model's config (JSON: "traffic": {"routes": {"stable": 90, ...}, ...}); the registry checks the labels. */
+static srv_code cfg_traffic(const srv_tp *m, const char *what, srv_model_config *c, srv_error *err) {
+    const srv_tp *t = srv_tp_get(m, "traffic", 0);
+    if (!t) return SRV_OK;
+    int nr = srv_tp_count(t, "routes"), total = 0;
+    for (int i = 0; i < nr; i++) {
+        const srv_tp *r = srv_tp_get(t, "routes", i);
+        total += srv_tp_get(r, "key", 0) ? 1 : r->nkids;
+    }
+    if (total == 0) return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': traffic has no routes", what, c->name);
+    c->route_labels = calloc((size_t)total, sizeof *c->route_labels);
+    c->route_weights = calloc((size_t)total, sizeof *c->route_weights);
+    if (!c->route_labels || !c->route_weights) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < nr; i++) {
+        const srv_tp *r = srv_tp_get(t, "routes", i);
+        int kv = srv_tp_get(r, "key", 0) != NULL;
+        for (int k = 0; k < (kv ? 1 : r->nkids); k++) {
+            const char *key = kv ? srv_tp_str(r, "key") : r->kids[k].name;
+            const char *val = kv ? srv_tp_str(r, "value") : r->kids[k].scalar;
+            char *end = NULL;
+            long long x = val ? strtoll(val, &end, 10) : -1;
+            if (!key || !srv_name_valid(key))
+                return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': traffic route '%s' must be a version label",
+                               what, c->name, key ? key : "");
+            if (!val || *end || x < 0 || x > 1000000)
+                return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': traffic route '%s' needs a weight 0..1000000",
+                               what, c->name, key);
+            if (!(c->route_labels[c->nroutes] = strdup(key))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+            c->route_weights[c->nroutes++] = (int)x;
+        }
+    }
+    const char *sticky = srv_tp_str(t, "sticky_header"), *shadow = srv_tp_str(t, "shadow");
+    if (sticky && *sticky) {
+        for (const char *p = sticky; *p; p++)
+            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_'))
+                return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': sticky_header '%.100s' is not a header name",
+                               what, c->name, sticky);
+        if (!(c->sticky_header = strdup(sticky))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    if (shadow && *shadow && !(c->shadow = strdup(shadow))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    return SRV_OK;
+}
+
 static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, srv_error *err) {
     memset(c, 0, sizeof *c);
     const char *name = srv_tp_str(m, "name"), *base = srv_tp_str(m, "base_path"), *plat = srv_tp_str(m, "model_platform");
@@ -285,7 +329,7 @@ static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, 
             c->label_versions[c->nlabels++] = x;
         }
     }
-    return SRV_OK;
+    return cfg_traffic(m, what, c, err);
 }
 
 /* The models of a parsed model server config (root holds model_config_list); what names it in errors. */

@@ -113,6 +113,8 @@ static inline size_t srv_grpc_decode_limit(const srv_grpc *g) { return g->max_re
 void srv_grpc_record(srv_grpc_call *c, const char *model, int64_t version, const char *api, srv_code code);
 /* The handler's request goes on on another thread (infer ops' going_async): watch for a cancel from now on. */
 void srv_grpc_going_async(srv_grpc_call *c);
+/* The call's metadata for an HTTP-style header name (any case): the router's sticky header. */
+const char *srv_grpc_header(srv_grpc_call *c, const char *name, char *buf, size_t cap);
 /* Run fn(c) on a worker (work that may block); fn must reply. */
 void srv_grpc_defer(srv_grpc_call *c, void (*fn)(srv_grpc_call *c));
 /* The call's metadata value for key (lowercase), NUL-terminated into buf, or NULL. */

@@ -247,8 +247,12 @@ static void kv_done(void *u, srv_code code, const srv_error *err) {
 
 static void kv_async(void *u) { srv_grpc_going_async(((kv_call *)u)->c); }
 
+static const char *kv_header(void *u, const char *name, char *buf, size_t cap) {
+    return srv_grpc_header(((kv_call *)u)->c, name, buf, cap);
+}
+
 static const srv_infer_ops kv_ops = {.decode = kv_decode, .encode = kv_encode, .done = kv_done,
-                                     .going_async = kv_async};
+                                     .going_async = kv_async, .header = kv_header};
 
 static void kv_infer(srv_grpc_call *c, const uint8_t *msg, size_t len) {
     srv_error err = {0};

@@ -224,8 +224,12 @@ static void tfs_done(void *u, srv_code code, const srv_error *err) {
 
 static void tfs_async(void *u) { srv_grpc_going_async(((tfs_call *)u)->c); }
 
+static const char *tfs_header(void *u, const char *name, char *buf, size_t cap) {
+    return srv_grpc_header(((tfs_call *)u)->c, name, buf, cap);
+}
+
 static const srv_infer_ops tfs_ops = {.decode = tfs_decode, .encode = tfs_encode, .done = tfs_done,
-                                      .going_async = tfs_async};
+                                      .going_async = tfs_async, .header = tfs_header};
 
 static void tfs_infer(srv_grpc_call *c, const uint8_t *msg, size_t len, int kind) {
     static const ProtobufCMessageDescriptor *const descs[] = {

@@ -102,6 +102,14 @@ static void call_watch_close(srv_grpc_call *c) {
 
 void srv_grpc_going_async(srv_grpc_call *c) { call_watch_close(c); }
 
+const char *srv_grpc_header(srv_grpc_call *c, const char *name, char *buf, size_t cap) {
+    char key[256];
+    size_t n = 0;
+    for (; name[n] && n + 1 < sizeof key; n++) key[n] = (char)(name[n] >= 'A' && name[n] <= 'Z' ? name[n] + 32 : name[n]);
+    key[n] = '\0';
+    return srv_grpc_metadata(c, key, buf, cap); /* gRPC metadata keys are lowercase */
+}
+
 /* Start the send batch: initial metadata, the message (if bb), the status, and the close unless it is watched
  * already. Holds a ref until it completes. */
 static void call_send(srv_grpc_call *c, srv_code code, const char *msg, grpc_byte_buffer *bb) {

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <time.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,7 @@ struct srv_infer {
     pthread_mutex_t dmu;
     srv_work *tracked;
     struct srv_lane *lanes;     /* under mu */
+    atomic_int shadows;         /* shadow copies waiting or running */
 };
 
 /* The unbatched requests of one version that go to the pool: at most its instance count run (each on a worker,
@@ -55,12 +57,91 @@ typedef struct srv_infer_call { /* a request that continues on another thread */
     int64_t input_ns, dec_end_ns;
     srv_lane *lane;
     struct srv_infer_call *lnext;
+    char label[256];            /* the label the router chose (rq.label points here) */
 } srv_infer_call;
+
+/* A copy of a routed request for the model's shadow label: run on a worker, its reply discarded, its latency
+ * and status recorded against the shadow version. At most SRV_INFER_MAX_SHADOWS wait at once; more are skipped. */
+typedef struct srv_shadow {
+    srv_work w;
+    srv_infer *inf;
+    srv_version *v;
+    srv_tensors in;
+    char model[256], label[256];
+    const char *api, *protocol;
+    int64_t t0_ns;
+} srv_shadow;
+#define SRV_INFER_MAX_SHADOWS 64
 
 /* ---- version selection ---- */
 
-static srv_version *srv_infer_route(srv_infer *inf, const srv_infer_req *rq, srv_error *err) {
+/* rq names a version or a label: exactly that. Otherwise the model's traffic routes, when it has any (label gets
+ * the chosen label and rq->label points at it; shadow its shadow label), else the highest available version. A
+ * route whose label cannot be served right now falls back to the highest available version: routing never fails
+ * a request that the model could answer. */
+static srv_version *srv_infer_route(srv_infer *inf, srv_infer_req *rq, const srv_infer_ops *ops, void *u,
+                                    char label[256], char shadow[256], srv_error *err) {
+    shadow[0] = '\0';
+    if (rq->version <= 0 && !rq->label) {
+        char hname[256], hval[512];
+        const char *sticky = NULL;
+        if (ops->header && srv_registry_sticky_header(inf->reg, rq->model, hname, sizeof hname))
+            sticky = ops->header(u, hname, hval, sizeof hval);
+        if (srv_registry_route(inf->reg, rq->model, sticky, label, 256, shadow, 256)) {
+            srv_version *v = srv_registry_acquire(inf->reg, rq->model, 0, label, err);
+            if (v) {
+                rq->label = label;
+                return v;
+            }
+            shadow[0] = '\0';
+        }
+    }
     return srv_registry_acquire(inf->reg, rq->model, rq->version, rq->label, err);
+}
+
+static void srv_shadow_run(srv_work *w) {
+    srv_shadow *s = (srv_shadow *)w;
+    srv_tensors out = {0};
+    srv_error err = {0};
+    srv_code rc = srv_version_predict(s->v, &s->in, &out, 0, NULL, &err);
+    srv_infer_times tm = {.rows = 1};
+    if (rc == SRV_OK) srv_infer_times_run(&tm, s->t0_ns);
+    srv_metrics_infer(s->inf->m, s->model, srv_version_get_info(s->v)->version, s->label, s->api, s->protocol, rc,
+                      srv_metrics_clock_ns() - s->t0_ns, rc == SRV_OK ? &tm : NULL);
+    srv_tensors_free(&out);
+    srv_tensors_free(&s->in);
+    srv_version_release(s->v);
+    atomic_fetch_sub(&s->inf->shadows, 1);
+    free(s);
+}
+
+/* Send a copy of in to the shadow label's version (when it is another version than primary's). */
+static void srv_infer_shadow(srv_infer *inf, const srv_infer_req *rq, const char *label, const srv_version *primary,
+                             const srv_tensors *in) {
+    if (atomic_fetch_add(&inf->shadows, 1) >= SRV_INFER_MAX_SHADOWS) {
+        atomic_fetch_sub(&inf->shadows, 1);
+        return;
+    }
+    srv_error err = {0};
+    srv_shadow *s = calloc(1, sizeof *s);
+    srv_version *v = s ? srv_registry_acquire(inf->reg, rq->model, 0, label, &err) : NULL;
+    int ok = v && v != primary;
+    for (int i = 0; ok && i < in->n; i++) ok = srv_tensors_add_copy(&s->in, in->names[i], &in->t[i]) == 0;
+    if (ok) {
+        s->w.run = srv_shadow_run;
+        s->inf = inf;
+        s->v = v;
+        snprintf(s->model, sizeof s->model, "%s", rq->model);
+        snprintf(s->label, sizeof s->label, "%s", label);
+        s->api = rq->api;
+        s->protocol = rq->protocol;
+        s->t0_ns = srv_metrics_clock_ns();
+        if (srv_infer_queue(inf, &s->w) == 0) return;
+    }
+    if (s) srv_tensors_free(&s->in);
+    if (v) srv_version_release(v);
+    free(s);
+    atomic_fetch_sub(&inf->shadows, 1);
 }
 
 /* ---- metrics ---- */
@@ -178,9 +259,11 @@ static void srv_infer_batch_done(void *arg, srv_code rc, const srv_error *e) {
     free(c);
 }
 
-int srv_infer_submit(srv_infer *inf, const srv_infer_req *rq, const srv_infer_ops *ops, void *u) {
+int srv_infer_submit(srv_infer *inf, const srv_infer_req *rq0, const srv_infer_ops *ops, void *u) {
     srv_error err = {0};
-    srv_version *v = srv_infer_route(inf, rq, &err);
+    srv_infer_req r = *rq0, *rq = &r;
+    char label[256], shadow[256];
+    srv_version *v = srv_infer_route(inf, rq, ops, u, label, shadow, &err);
     if (!v) {
         if (err.code == SRV_OK) srv_err(&err, SRV_INTERNAL, "request failed");
         srv_infer_record(inf, rq, NULL, err.code, NULL);
@@ -191,10 +274,15 @@ int srv_infer_submit(srv_infer *inf, const srv_infer_req *rq, const srv_infer_op
     int64_t t0 = srv_metrics_clock_ns();
     srv_code rc = ops->decode(u, srv_version_get_info(v), &in, &err);
     int64_t t1 = srv_metrics_clock_ns();
+    if (rc == SRV_OK && shadow[0]) srv_infer_shadow(inf, rq, shadow, v, &in);
     srv_infer_call *c = NULL;
     if (rc == SRV_OK && !rq->may_block && !srv_version_quick(v, &in, SRV_INFER_INLINE_US) && (c = malloc(sizeof *c))) {
         *c = (srv_infer_call){.w = {.run = srv_infer_call_run}, .inf = inf, .rq = *rq, .ops = ops, .u = u, .v = v,
                               .in = in, .input_ns = t1 - t0, .dec_end_ns = t1};
+        if (rq->label == label) {
+            memcpy(c->label, label, sizeof c->label);
+            c->rq.label = c->label;
+        }
         if (ops->going_async) ops->going_async(u);
         if (srv_version_predict_async(v, &c->in, &c->out, rq->deadline_us, rq->cancel, srv_infer_batch_done, c)) return 0;
         if (srv_infer_lane_wait(inf, c)) return 0;

@@ -57,6 +57,8 @@ typedef struct srv_infer_ops {
     void (*done)(void *u, srv_code code, const srv_error *err);
     /* The request is about to finish on another thread (optional). */
     void (*going_async)(void *u);
+    /* The request's header (gRPC: metadata) `name`, for the router's sticky routes; NULL when absent (optional). */
+    const char *(*header)(void *u, const char *name, char *buf, size_t cap);
 } srv_infer_ops;
 
 /* The request rq (its strings must stay valid until done) through the path. Returns 1 if done already ran. */

@@ -53,6 +53,7 @@ typedef struct reg_model {
     int no_versions;          /* the last scan found no version directory (logged once) */
     int seen;                 /* explicit control: reconciled once (start-up, config change or load request) */
     int unloaded;             /* unloaded on request: left alone until srv_registry_load_model */
+    uint64_t route_seq;       /* the traffic router's requests so far (srv_registry_route) */
 } reg_model;
 
 /* One load in flight, owned by its loader thread (which frees it). Linked in r->loads until it finishes or

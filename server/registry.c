@@ -49,6 +49,11 @@ void srv_model_config_free(srv_model_config *c) {
     for (int i = 0; i < c->nlabels; i++) free(c->label_names[i]);
     free(c->label_names);
     free(c->label_versions);
+    for (int i = 0; i < c->nroutes; i++) free(c->route_labels[i]);
+    free(c->route_labels);
+    free(c->route_weights);
+    free(c->sticky_header);
+    free(c->shadow);
     memset(c, 0, sizeof *c);
 }
 
@@ -78,6 +83,18 @@ static int cfg_copy(srv_model_config *d, const srv_model_config *s) {
             d->nlabels = i + 1;
         }
     }
+    if (ok && s->nroutes > 0) {
+        d->route_labels = calloc((size_t)s->nroutes, sizeof *d->route_labels);
+        d->route_weights = malloc((size_t)s->nroutes * sizeof *d->route_weights);
+        ok = d->route_labels && d->route_weights;
+        for (int i = 0; ok && i < s->nroutes; i++) {
+            ok = (d->route_labels[i] = strdup(s->route_labels[i])) != NULL;
+            d->route_weights[i] = s->route_weights[i];
+            d->nroutes = i + 1;
+        }
+    }
+    if (ok && s->sticky_header) ok = (d->sticky_header = strdup(s->sticky_header)) != NULL;
+    if (ok && s->shadow) ok = (d->shadow = strdup(s->shadow)) != NULL;
     if (!ok) srv_model_config_free(d);
     return ok ? 0 : -1;
 }
@@ -385,6 +402,31 @@ static srv_code validate_config(const srv_model_config *cfgs, int n, srv_error *
                     return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': version label '%s' given twice", c->name,
                                    c->label_names[k]);
         }
+        int64_t wsum = 0;
+        for (int k = 0; k < c->nroutes; k++) {
+            int known = 0;
+            for (int q = 0; q < c->nlabels && !known; q++) known = strcmp(c->label_names[q], c->route_labels[k]) == 0;
+            if (!known)
+                return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': traffic route '%.200s' is not one of its "
+                               "version labels", c->name, c->route_labels[k]);
+            if (c->route_weights[k] < 0 || c->route_weights[k] > 1000000)
+                return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': traffic route '%s' has weight %d (0..1000000)",
+                               c->name, c->route_labels[k], c->route_weights[k]);
+            for (int q = 0; q < k; q++)
+                if (strcmp(c->route_labels[q], c->route_labels[k]) == 0)
+                    return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': traffic route '%s' given twice", c->name,
+                                   c->route_labels[k]);
+            wsum += c->route_weights[k];
+        }
+        if (c->nroutes > 0 && wsum <= 0)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': traffic route weights add up to 0", c->name);
+        if (c->shadow) {
+            int known = 0;
+            for (int q = 0; q < c->nlabels && !known; q++) known = strcmp(c->label_names[q], c->shadow) == 0;
+            if (!known || c->nroutes == 0)
+                return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': traffic shadow '%.200s' must be one of its version "
+                               "labels, beside routes", c->name, c->shadow);
+        }
         for (int q = 0; q < i; q++)
             if (strcmp(cfgs[q].name, c->name) == 0)
                 return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s' is configured twice", c->name);
@@ -483,6 +525,11 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
         cp[i].platform = NULL;
         cp[i].versions = NULL;
         cp[i].nversions = 0;
+        cp[i].route_labels = NULL; /* the traffic config moved into the model too */
+        cp[i].route_weights = NULL;
+        cp[i].nroutes = 0;
+        cp[i].sticky_header = NULL;
+        cp[i].shadow = NULL;
     }
     free(r->models);
     r->models = nm;
@@ -649,6 +696,48 @@ int srv_registry_has_model(srv_registry *r, const char *model) {
     int has = model && reg_find_model(r, model) != NULL;
     pthread_mutex_unlock(&r->mu);
     return has;
+}
+
+/* ---- the traffic router ---- */
+
+int srv_registry_sticky_header(srv_registry *r, const char *model, char *buf, size_t cap) {
+    pthread_mutex_lock(&r->mu);
+    reg_model *m = model ? reg_find_model(r, model) : NULL;
+    int has = m && m->cfg.nroutes > 0 && m->cfg.sticky_header;
+    if (has) snprintf(buf, cap, "%s", m->cfg.sticky_header);
+    pthread_mutex_unlock(&r->mu);
+    return has;
+}
+
+static uint64_t route_hash(const char *s) { /* FNV-1a, then a 64-bit finaliser so that near keys spread */
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
+int srv_registry_route(srv_registry *r, const char *model, const char *sticky, char *label, size_t cap, char *shadow,
+                       size_t scap) {
+    pthread_mutex_lock(&r->mu);
+    reg_model *m = model ? reg_find_model(r, model) : NULL;
+    int routed = m && m->cfg.nroutes > 0;
+    if (routed) {
+        uint64_t total = 0;
+        for (int k = 0; k < m->cfg.nroutes; k++) total += (uint64_t)m->cfg.route_weights[k];
+        /* without a sticky key: the model's n-th routed request takes frac(n * golden ratio), a low-discrepancy
+         * sequence, so any run of requests splits by the weights within about 1 % (random draws would wander by
+         * several % over a few hundred requests) */
+        uint64_t u = sticky ? route_hash(sticky) : (m->route_seq++) * 0x9E3779B97F4A7C15ULL;
+        uint64_t x = ((u >> 32) * total) >> 32;
+        int k = 0;
+        for (; k < m->cfg.nroutes - 1 && x >= (uint64_t)m->cfg.route_weights[k]; k++) x -= (uint64_t)m->cfg.route_weights[k];
+        snprintf(label, cap, "%s", m->cfg.route_labels[k]);
+        snprintf(shadow, scap, "%s", m->cfg.shadow ? m->cfg.shadow : "");
+    }
+    pthread_mutex_unlock(&r->mu);
+    return routed;
 }
 
 /* ---- for the REST handlers: metrics labels and Triton's model configuration ---- */

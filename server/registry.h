@@ -51,6 +51,15 @@ typedef struct srv_model_config {
     int nlabels;
     int instance_count;      /* execution instances per version (tensord's `instance_count`, Triton's
                               * instance_group count), 1..SRV_MAX_INSTANCES; 0: the server's default */
+    /* Traffic (tensord's `traffic { ... }`): requests that name neither a version nor a label go to one of these
+     * configured labels with probability weight / sum; sticky_header (may be NULL): requests with that header (gRPC
+     * metadata) of the same value always go to the same label while the weights stay; shadow (may be NULL): a
+     * label whose version also gets a copy of each routed request, off its critical path (reply discarded). */
+    int nroutes;
+    char **route_labels;
+    int *route_weights;
+    char *sticky_header;
+    char *shadow;
 } srv_model_config;
 #define SRV_MAX_INSTANCES 64
 void srv_model_config_free(srv_model_config *c); /* frees contents */
@@ -176,6 +185,14 @@ void srv_status_free(srv_version_status *s, int n);
 
 /* 1 if the model is configured (whatever the state of its versions). */
 int srv_registry_has_model(srv_registry *r, const char *model);
+/* The traffic router (model's `traffic` config), called by the request path for requests that name neither a
+ * version nor a label. srv_registry_sticky_header: 1 and the header's name in buf when the model routes by one.
+ * srv_registry_route: 1 when the model has routes: label gets the chosen route's label (by sticky's hash when
+ * sticky is non-NULL, else the next of the model's evenly spread picks), shadow its shadow label ("" when none). */
+int srv_registry_sticky_header(srv_registry *r, const char *model, char *buf, size_t cap);
+int srv_registry_route(srv_registry *r, const char *model, const char *sticky, char *label, size_t cap, char *shadow,
+                       size_t scap);
+
 /* 1 if label is one of the model's configured version labels (metrics record only those by name). */
 int srv_registry_has_label(srv_registry *r, const char *model, const char *label);
 /* The batching options every version runs with, NULL when batching is off (fixed at srv_registry_new). */

@@ -79,6 +79,11 @@ typedef struct srv_rest_job {
 void srv_rest_async(srv_rest_conn *cn);
 void srv_rest_async_reply(srv_rest_conn *cn, srv_reply *o);
 
+/* A request header of the connection's current request (NULL when absent): the router's sticky header. */
+const char *srv_rest_header(srv_rest_conn *cn, const char *name);
+/* srv_infer_ops.header for a handler whose state starts with its srv_rest_req. */
+const char *srv_rest_infer_header(void *u, const char *name, char *buf, size_t cap);
+
 /* {"error": msg} with the HTTP status of code (or `status` when > 0). */
 void srv_reply_error(srv_reply *o, int status, const char *msg);
 void srv_reply_code(srv_reply *o, const srv_error *err);

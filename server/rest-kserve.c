@@ -187,7 +187,8 @@ static void srv_kserve_call_done(void *u, srv_code code, const srv_error *err) {
 }
 
 static const srv_infer_ops srv_kserve_ops = {.decode = srv_kserve_call_decode, .encode = srv_kserve_call_encode,
-                                             .done = srv_kserve_call_done, .going_async = srv_kserve_call_async};
+                                             .done = srv_kserve_call_done, .going_async = srv_kserve_call_async,
+                                             .header = srv_rest_infer_header};
 
 static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t version, srv_reply *o) {
     int64_t hl = srv_kserve_hlen(q->header_len);

@@ -215,7 +215,8 @@ static void srv_tfs_call_done(void *u, srv_code code, const srv_error *err) {
 }
 
 static const srv_infer_ops srv_tfs_ops = {.decode = srv_tfs_call_decode, .encode = srv_tfs_call_encode,
-                                          .done = srv_tfs_call_done, .going_async = srv_tfs_call_async};
+                                          .done = srv_tfs_call_done, .going_async = srv_tfs_call_async,
+                                          .header = srv_rest_infer_header};
 
 static void srv_tfs_infer(const srv_rest_req *q, const srv_tfs_route *rt, srv_reply *o) {
     srv_tfs_call *c = malloc(sizeof *c);

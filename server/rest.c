@@ -284,6 +284,17 @@ void srv_rest_async_reply(srv_rest_conn *cn, srv_reply *o) {
     srv_rest_unref(cn);
 }
 
+const char *srv_rest_infer_header(void *u, const char *name, char *buf, size_t cap) {
+    const char *v = srv_rest_header(((srv_rest_req *)u)->cn, name);
+    if (!v) return NULL;
+    snprintf(buf, cap, "%s", v);
+    return buf;
+}
+
+const char *srv_rest_header(srv_rest_conn *cn, const char *name) {
+    return cn && cn->c ? MHD_lookup_connection_value(cn->c, MHD_HEADER_KIND, name) : NULL;
+}
+
 int srv_rest_cut_unsent(srv_rest *r) { return r ? atomic_load(&r->cut_unsent) : 0; }
 
 /* On a worker: a handler's job, or the whole dispatch of a large body. */
