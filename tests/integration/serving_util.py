@@ -357,6 +357,25 @@ def model_config_text(models):
     return "\n".join(out) + "\n"
 
 
+def instance_config_text(models):
+    """[{name, base_path, instance_count (optional)}] -> model_config_list text with instance_count lines."""
+    out = ["model_config_list {"]
+    for m in models:
+        out.append(f"  config {{ name: '{m['name']}' base_path: '{m['base_path']}' model_platform: 'onnx'")
+        if "instance_count" in m:
+            out.append(f"    instance_count: {m['instance_count']}")
+        out.append("  }")
+    return "\n".join(out + ["}"]) + "\n"
+
+
+def engine_stats(s, model, version=1):
+    """(seconds computing, seconds queued) of a version, from Triton's statistics extension."""
+    r = s.get(f"/v2/models/{model}/versions/{version}/stats")
+    assert r.status_code == 200, r.text
+    st = r.json()["model_stats"][0]["inference_stats"]
+    return st["compute_infer"]["ns"] / 1e9, st["queue"]["ns"] / 1e9
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # models
 

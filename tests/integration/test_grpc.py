@@ -1008,26 +1008,9 @@ def test_hot_swap_under_grpc_load(tmp_path):
 TARGET_S = 0.7
 
 
-def instances_config(models):
-    out = ["model_config_list {"]
-    for m in models:
-        out.append(f"  config {{ name: '{m['name']}' base_path: '{m['base_path']}' model_platform: 'onnx'")
-        if "instance_count" in m:
-            out.append(f"    instance_count: {m['instance_count']}")
-        out.append("  }")
-    return "\n".join(out + ["}"]) + "\n"
-
-
-def engine_stats(s, model):
-    r = s.get(f"/v2/models/{model}/versions/1/stats")
-    assert r.status_code == 200, r.text
-    st = r.json()["model_stats"][0]["inference_stats"]
-    return st["compute_infer"]["ns"] / 1e9, st["queue"]["ns"] / 1e9
-
-
 def grpc_pair(s, stubs, model, x):
     """Two copies of a Predict at once over gRPC -> (window s, summed engine s, summed queue s, outputs)."""
-    infer0, queue0 = engine_stats(s, model)
+    infer0, queue0 = u.engine_stats(s, model)
     go = threading.Barrier(2)
     res = [None, None]
     req = predict_req(model, {"x": x})
@@ -1049,7 +1032,7 @@ def grpc_pair(s, stubs, model, x):
     assert all(not t.is_alive() for t in ths), "client threads hung"
     for _, _, out in res:
         assert not isinstance(out, grpc.RpcError), f"{out.code().name}: {out.details()}"
-    infer1, queue1 = engine_stats(s, model)
+    infer1, queue1 = u.engine_stats(s, model)
     window = max(e for _, e, _ in res) - min(b for b, _, _ in res)
     return window, infer1 - infer0, queue1 - queue0, [o for _, _, o in res]
 
@@ -1058,7 +1041,7 @@ def test_two_instances_overlap_two_slow_grpc_requests(tmp_path):
     slow = u.slow_model()
     for name in ("two", "one"):
         u.write_version(tmp_path / name, 1, slow)
-    conf = u.write_text(tmp_path / "models.config", instances_config([
+    conf = u.write_text(tmp_path / "models.config", u.instance_config_text([
         {"name": "two", "base_path": str(tmp_path / "two")},
         {"name": "one", "base_path": str(tmp_path / "one"), "instance_count": 1}]))
     with u.Server(tmp_path, config_file=conf, threads=1, grpc=True, extra=["--instances_per_version=2"]) as s:

@@ -24,24 +24,6 @@ import serving_util as u
 TARGET_S = 0.7  # one slow request's run time, calibrated
 
 
-def config_text(models):
-    """[{name, base_path, instance_count (optional)}] -> model_config_list text with instance_count lines."""
-    out = ["model_config_list {"]
-    for m in models:
-        out.append(f"  config {{ name: '{m['name']}' base_path: '{m['base_path']}' model_platform: 'onnx'")
-        if "instance_count" in m:
-            out.append(f"    instance_count: {m['instance_count']}")
-        out.append("  }")
-    return "\n".join(out + ["}"]) + "\n"
-
-
-def stats(s, model):
-    r = s.get(f"/v2/models/{model}/versions/1/stats")
-    assert r.status_code == 200, r.text
-    st = r.json()["model_stats"][0]["inference_stats"]
-    return st["compute_infer"]["ns"] / 1e9, st["queue"]["ns"] / 1e9
-
-
 def metrics(s):
     r = s.get("/metrics")
     assert r.status_code == 200
@@ -59,7 +41,7 @@ def calibrate_rows(s, model, target):
 
 def pair(s, model, body):
     """Send two copies of body to model at once. -> (window s, summed engine s, summed queue s, replies)."""
-    infer0, queue0 = stats(s, model)
+    infer0, queue0 = u.engine_stats(s, model)
     go = threading.Barrier(2)
     res = [None, None]
 
@@ -77,7 +59,7 @@ def pair(s, model, body):
     assert all(not t.is_alive() for t in ths), "client threads hung"
     for _, _, r in res:
         assert r.status_code == 200, r.text[:300]
-    infer1, queue1 = stats(s, model)
+    infer1, queue1 = u.engine_stats(s, model)
     window = max(e for _, e, _ in res) - min(b for b, _, _ in res)
     return window, infer1 - infer0, queue1 - queue0, res
 
@@ -101,7 +83,7 @@ def srv(tmp_path_factory, slow, mm):
         u.write_version(tmp / name, 1, slow)
     warm = json.dumps({"instances": u.randn((2, 64), seed=2).tolist()}) + "\n"
     u.write_version(tmp / "mm", 1, mm, files={"assets.extra/warmup.jsonl": warm})
-    conf = u.write_text(tmp / "models.config", config_text([
+    conf = u.write_text(tmp / "models.config", u.instance_config_text([
         {"name": "two", "base_path": str(tmp / "two")},
         {"name": "one", "base_path": str(tmp / "one"), "instance_count": 1},
         {"name": "mm", "base_path": str(tmp / "mm"), "instance_count": 3}]))
@@ -187,7 +169,7 @@ def test_outputs_equal_onnxruntime_under_concurrency(srv, mm):
 
 def test_waiting_for_a_busy_instance_respects_the_deadline(tmp_path, srv, slow):
     u.write_version(tmp_path / "one", 1, slow)
-    conf = u.write_text(tmp_path / "models.config", config_text(
+    conf = u.write_text(tmp_path / "models.config", u.instance_config_text(
         [{"name": "one", "base_path": str(tmp_path / "one"), "instance_count": 1}]))
     rows = min(512, int(srv.rows * 1.5))  # about 1 s
     with u.Server(tmp_path, config_file=conf, threads=1, extra=["--rest_api_timeout_in_ms=250"]) as s:
@@ -240,7 +222,7 @@ def test_bad_counts_are_refused_at_start(tmp_path, mm):
     for bad in ("0", "65", "two", "-1"):
         _refused(tmp_path, base + [f"--instances_per_version={bad}"], "--instances_per_version")
     for i, bad in enumerate(("0", "65", "'x'")):
-        conf = u.write_text(tmp_path / f"bad{i}.config", config_text(
+        conf = u.write_text(tmp_path / f"bad{i}.config", u.instance_config_text(
             [{"name": f"bad{i}", "base_path": str(tmp_path / "m"), "instance_count": bad}]))
         _refused(tmp_path, [f"--model_config_file={conf}"], f"model 'bad{i}'", "instance_count", "1..64")
     conf = u.write_text(tmp_path / "bad.json", json.dumps(
