@@ -27,7 +27,7 @@ WERROR := $(if $(CI),-Werror,)
 CFLAGS_BASE := -std=gnu11 -march=$(ARCH) $(OPT) -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
 	$(WERROR) -fopenmp -fPIC -I. -I$(GEN) -I$(GEN)/proto $(SANFLAGS)
 CFLAGS += $(CFLAGS_BASE)
-LDLIBS := -lgrpc -lgpr -lmicrohttpd -lcjson -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
+LDLIBS := -lgrpc -lgpr -lmicrohttpd -lcjson -lsqlite3 -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
 
 # ---- feature detection: one line per feature ----
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -98,7 +98,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a $(PROTO_H) Makefile
 
 # ---- dependencies ----
 APT_PKGS := build-essential clang libclang-rt-14-dev pkg-config libdnnl-dev libopenblas-dev libprotobuf-c-dev \
-	protobuf-c-compiler libonnx-dev libonnx-testdata libmicrohttpd-dev libcjson-dev libcriterion-dev zlib1g-dev libgrpc-dev \
+	protobuf-c-compiler libonnx-dev libonnx-testdata libmicrohttpd-dev libcjson-dev libsqlite3-dev libcriterion-dev zlib1g-dev libgrpc-dev \
 	dataset-fashion-mnist python3-venv python3-pip curl wrk python3-torchvision python3-onnx
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

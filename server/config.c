@@ -1,5 +1,6 @@
 /* config.c - `tensord serve` flags and config files (see config.h). */
 #include "config.h"
+#include "json.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -49,6 +50,9 @@ static const opt_def opt_table[] = {
     {"grpc_max_receive_message_bytes", OPT_I64, O(grpc_max_receive_bytes)},
     {"grpc_max_threads", OPT_INT, O(grpc_threads)},
     {"ssl_config_file", OPT_STR, O(ssl_config_file)},
+    {"admin_port", OPT_INT, O(admin_port)},
+    {"admin_bind", OPT_STR, O(admin_bind)},
+    {"model_root", OPT_STR, O(model_root)},
 };
 #undef O
 
@@ -124,6 +128,7 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     o->model_load_timeout_s = 600;
     o->instances_per_version = -1;
     o->grpc_max_receive_bytes = 64 << 20;
+    o->admin_port = 8502;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0)
@@ -164,7 +169,7 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     }
     if (!o->model_name) o->model_name = strdup(getenv("MODEL_NAME") && *getenv("MODEL_NAME") ? getenv("MODEL_NAME") : "default");
     if (!o->model_name) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
-    if (o->rest_port > 65535 || o->grpc_port > 65535) return srv_err(err, SRV_INVALID_ARGUMENT, "ports must be <= 65535");
+    if (o->rest_port > 65535 || o->grpc_port > 65535 || o->admin_port > 65535) return srv_err(err, SRV_INVALID_ARGUMENT, "ports must be <= 65535");
     if (o->grpc_max_receive_bytes < 1024 || o->grpc_max_receive_bytes > INT32_MAX)
         return srv_err(err, SRV_INVALID_ARGUMENT, "--grpc_max_receive_message_bytes must be 1024..%d", INT32_MAX);
     if (o->max_body_bytes < 1024) return srv_err(err, SRV_INVALID_ARGUMENT, "--rest_api_max_body_bytes must be >= 1024");
@@ -188,6 +193,8 @@ void srv_options_free(srv_options *o) {
     free(o->rest_host);
     free(o->grpc_host);
     free(o->ssl_config_file);
+    free(o->admin_bind);
+    free(o->model_root);
     free(o->model_name);
     free(o->model_base_path);
     free(o->model_config_file);
@@ -478,4 +485,22 @@ srv_code srv_config_load_monitoring(const char *path, int *enable, char **metric
     }
     srv_tp_free(&root);
     return SRV_OK;
+}
+
+/* A protobuf string as a text-format string literal. */
+void srv_config_quote(srv_buf *b, const char *s) {
+    srv_buf_puts(b, "\"");
+    for (; s && *s; s++) {
+        char e[3] = {'\\', 0, 0};
+        switch (*s) {
+        case '"': e[1] = '"'; break;
+        case '\\': e[1] = '\\'; break;
+        case '\n': e[1] = 'n'; break;
+        case '\r': e[1] = 'r'; break;
+        case '\t': e[1] = 't'; break;
+        default: e[0] = *s; break;
+        }
+        srv_buf_puts(b, e);
+    }
+    srv_buf_puts(b, "\"");
 }

@@ -42,6 +42,9 @@ typedef struct srv_options {
     int64_t grpc_max_receive_bytes;    /* --grpc_max_receive_message_bytes, 64 MiB */
     int grpc_threads;                  /* --grpc_max_threads: completion-queue threads, 0: half the cores */
     char *ssl_config_file;             /* --ssl_config_file: TF Serving's SSLConfig (TLS for gRPC) */
+    int admin_port;                    /* --admin_port, 8502 (0: off; also off without an admin token) */
+    char *admin_bind;                  /* --admin_bind, default 127.0.0.1 */
+    char *model_root;                  /* --model_root: admin-added base paths must resolve inside it */
 } srv_options;
 
 /* Parse `tensord serve` flags (argv[0] is "serve"). Accepts --flag=value and --flag value, booleans as
@@ -58,6 +61,9 @@ srv_code srv_config_load_models(const char *path, srv_model_config **cfgs, int *
 srv_code srv_config_parse_models(const char *text, size_t len, const char *what, srv_model_config **cfgs, int *n,
                                  srv_error *err);
 srv_code srv_config_load_batching(const char *path, srv_batch_opts *o, srv_error *err);
+/* s as a text-format string literal (quotes, backslashes, newlines escaped), appended to b. */
+struct srv_buf;
+void srv_config_quote(struct srv_buf *b, const char *s);
 /* prometheus_config { enable: true path: "/monitoring/prometheus/metrics" } */
 srv_code srv_config_load_monitoring(const char *path, int *enable, char **metrics_path, srv_error *err);
 

@@ -420,24 +420,6 @@ static void tfs_status(srv_grpc_call *c, const uint8_t *msg, size_t len) {
     if (rq) protobuf_c_message_free_unpacked(&rq->base, NULL);
 }
 
-/* A protobuf string as a text-format string literal. */
-static void tp_quote(srv_buf *b, const char *s) {
-    srv_buf_puts(b, "\"");
-    for (; s && *s; s++) {
-        char e[3] = {'\\', 0, 0};
-        switch (*s) {
-        case '"': e[1] = '"'; break;
-        case '\\': e[1] = '\\'; break;
-        case '\n': e[1] = 'n'; break;
-        case '\r': e[1] = 'r'; break;
-        case '\t': e[1] = 't'; break;
-        default: e[0] = *s; break;
-        }
-        srv_buf_puts(b, e);
-    }
-    srv_buf_puts(b, "\"");
-}
-
 /* config.model_config_list as text format, for the one set of checks of config.c. */
 static srv_code reload_text(const Tensorflow__Serving__ModelServerConfig *cfg, srv_buf *b, srv_error *err) {
     if (!cfg || cfg->config_case != TENSORFLOW__SERVING__MODEL_SERVER_CONFIG__CONFIG_MODEL_CONFIG_LIST ||
@@ -449,12 +431,12 @@ static srv_code reload_text(const Tensorflow__Serving__ModelServerConfig *cfg, s
     for (size_t i = 0; i < l->n_config; i++) {
         const Tensorflow__Serving__ModelConfig *m = l->config[i];
         srv_buf_puts(b, " config { name: ");
-        tp_quote(b, m->name);
+        srv_config_quote(b, m->name);
         srv_buf_puts(b, " base_path: ");
-        tp_quote(b, m->base_path);
+        srv_config_quote(b, m->base_path);
         if (m->model_platform && *m->model_platform) {
             srv_buf_puts(b, " model_platform: ");
-            tp_quote(b, m->model_platform);
+            srv_config_quote(b, m->model_platform);
         }
         const Tensorflow__Serving__FileSystemStoragePathSourceConfig__ServableVersionPolicy *p = m->model_version_policy;
         if (p) {
@@ -480,33 +462,13 @@ static srv_code reload_text(const Tensorflow__Serving__ModelServerConfig *cfg, s
         }
         for (size_t k = 0; k < m->n_version_labels; k++) {
             srv_buf_puts(b, " version_labels { key: ");
-            tp_quote(b, m->version_labels[k]->key);
+            srv_config_quote(b, m->version_labels[k]->key);
             srv_buf_printf(b, " value: %lld }", (long long)m->version_labels[k]->value);
         }
         srv_buf_puts(b, " }\n");
     }
     srv_buf_puts(b, "}\n");
     return b->oom ? srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory") : SRV_OK;
-}
-
-/* After the loads: each listed model must have a version available; else its highest version's error. */
-static srv_code reload_check(srv_registry *reg, const srv_model_config *cfgs, int n, srv_error *err) {
-    for (int i = 0; i < n; i++) {
-        srv_version_status *st = NULL;
-        int ns = 0, ok = 0;
-        if (srv_registry_status(reg, cfgs[i].name, 0, NULL, &st, &ns, err) != SRV_OK) return err->code;
-        for (int k = 0; k < ns; k++) ok |= st[k].state == SRV_STATE_AVAILABLE;
-        srv_code rc = SRV_OK;
-        if (!ok && ns > 0 && st[0].error_code != SRV_OK)
-            rc = srv_err(err, st[0].error_code, "model '%s' version %lld did not load: %s", cfgs[i].name,
-                         (long long)st[0].version, st[0].error_message ? st[0].error_message : "");
-        else if (!ok)
-            rc = srv_err(err, SRV_NOT_FOUND, "model '%s': no version is available under base path '%s'", cfgs[i].name,
-                         cfgs[i].base_path);
-        srv_status_free(st, ns);
-        if (rc != SRV_OK) return rc;
-    }
-    return SRV_OK;
 }
 
 static void tfs_reload_run(srv_grpc_call *c) {
@@ -520,7 +482,7 @@ static void tfs_reload_run(srv_grpc_call *c) {
     if (rc == SRV_OK) rc = srv_registry_set_config(c->g->reg, cfgs, n, &err);
     if (rc == SRV_OK) {
         srv_registry_poll(c->g->reg);
-        rc = reload_check(c->g->reg, cfgs, n, &err);
+        rc = srv_registry_check_available(c->g->reg, cfgs, n, &err);
     }
     if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "reload", NULL, 0, "HandleReloadConfigRequest: now serving %d models", n);
     else srv_log(SRV_LOG_WARN, "reload", NULL, 0, "HandleReloadConfigRequest: %s", err.msg);

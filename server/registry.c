@@ -698,6 +698,53 @@ int srv_registry_has_model(srv_registry *r, const char *model) {
     return has;
 }
 
+/* ---- the served configuration, for per-model changes ---- */
+
+srv_code srv_registry_get_config(srv_registry *r, srv_model_config **out, int *n, srv_error *err) {
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&r->mu);
+    srv_model_config *v = calloc((size_t)r->nmodels + 1, sizeof *v);
+    int ok = v != NULL, k = 0;
+    for (; ok && k < r->nmodels; k++) {
+        const reg_model *m = r->models[k];
+        srv_model_config tmp = m->cfg; /* the labels live beside the config: lend them for the copy */
+        tmp.label_names = m->lnames;
+        tmp.label_versions = m->lvers;
+        tmp.nlabels = m->nl;
+        ok = cfg_copy(&v[k], &tmp) == 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!ok) {
+        for (int i = 0; v && i < k; i++) srv_model_config_free(&v[i]);
+        free(v);
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory copying the model config");
+    }
+    *out = v;
+    *n = k;
+    return SRV_OK;
+}
+
+/* After the loads: each listed model must have a version available; else its highest version's error. */
+srv_code srv_registry_check_available(srv_registry *reg, const srv_model_config *cfgs, int n, srv_error *err) {
+    for (int i = 0; i < n; i++) {
+        srv_version_status *st = NULL;
+        int ns = 0, ok = 0;
+        if (srv_registry_status(reg, cfgs[i].name, 0, NULL, &st, &ns, err) != SRV_OK) return err->code;
+        for (int k = 0; k < ns; k++) ok |= st[k].state == SRV_STATE_AVAILABLE;
+        srv_code rc = SRV_OK;
+        if (!ok && ns > 0 && st[0].error_code != SRV_OK)
+            rc = srv_err(err, st[0].error_code, "model '%s' version %lld did not load: %s", cfgs[i].name,
+                         (long long)st[0].version, st[0].error_message ? st[0].error_message : "");
+        else if (!ok)
+            rc = srv_err(err, SRV_NOT_FOUND, "model '%s': no version is available under base path '%s'", cfgs[i].name,
+                         cfgs[i].base_path);
+        srv_status_free(st, ns);
+        if (rc != SRV_OK) return rc;
+    }
+    return SRV_OK;
+}
+
 /* ---- the traffic router ---- */
 
 int srv_registry_sticky_header(srv_registry *r, const char *model, char *buf, size_t cap) {

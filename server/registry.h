@@ -143,6 +143,14 @@ void srv_registry_free(srv_registry **r);
  * point at an AVAILABLE version unless allow_labels_for_unavailable). Copies the configs. */
 srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, int n, srv_error *err);
 
+/* A copy of the served model set (labels and traffic included), in order: change one model and hand it back to
+ * srv_registry_set_config, which applies only what differs. Free each with srv_model_config_free, then the array. */
+srv_code srv_registry_get_config(srv_registry *r, srv_model_config **out, int *n, srv_error *err);
+
+/* After a change and its loads: SRV_OK when each of cfgs' models has a version AVAILABLE, else the error of its
+ * highest version (naming model, version and reason), or NOT_FOUND when none was found under its base path. */
+srv_code srv_registry_check_available(srv_registry *r, const srv_model_config *cfgs, int n, srv_error *err);
+
 /* Scan every model's base path and load/unload to match the policies. Blocks until the loads it needs have
  * ended (each succeeds, fails, or passes load_timeout_s), then retires what they replace. With explicit control
  * it looks only at models it never looked at (new in the config). Thread-safe. */

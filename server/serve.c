@@ -21,6 +21,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "registry.h"
+#include "admin-ops.h"
 #include "grpc.h"
 #include "rest.h"
 
@@ -165,6 +166,19 @@ int srv_cmd_serve(int argc, char **argv) {
                     : "");
     }
 
+    srv_admin_ctx actx = {.reg = reg, .model_root = o.model_root};
+    adm_server *admin = NULL;
+    if (o.admin_port > 0 && !o.admin_token) {
+        srv_log(SRV_LOG_INFO, "listen", NULL, 0, "admin API off: no admin token (--admin_token_file or TENSORD_ADMIN_TOKEN)");
+    } else if (o.admin_port > 0) {
+        adm_ops ops = srv_admin_ops(&actx);
+        adm_opts aop = {.bind = o.admin_bind, .port = o.admin_port, .token = o.admin_token};
+        admin = adm_start(&aop, &ops, &err);
+        if (!admin) srv_log(SRV_LOG_ERROR, "listen", NULL, 0, "admin API not opened: %s", err.msg);
+        else srv_log(SRV_LOG_INFO, "listen", NULL, 0, "admin API on %s:%d", o.admin_bind ? o.admin_bind : "127.0.0.1",
+                     o.admin_port);
+    }
+
     double cfg_poll = o.model_config_file ? o.model_config_file_poll_wait_seconds : 0;
     int sig = 0;
     for (;;) {
@@ -185,6 +199,7 @@ int srv_cmd_serve(int argc, char **argv) {
         }
         break;
     }
+    adm_stop(&admin); /* no admin changes while draining */
     srv_rest_quiesce(rest);
     srv_grpc_quiesce(grpc);
     srv_log(SRV_LOG_INFO, "drain", NULL, 0, "signal %d: draining in-flight requests (up to %g s)", sig, o.drain_seconds);

@@ -86,7 +86,7 @@ class Server:
     # -- lifecycle
     def cmd(self, port):
         c = [tensord_bin(), "serve", f"--rest_api_port={port}", "--rest_api_host=127.0.0.1",
-             f"--port={self.grpc_port if self.grpc else 0}"]
+             f"--port={self.grpc_port if self.grpc else 0}", "--admin_port=0"]
         if self.config_file:
             c.append(f"--model_config_file={self.config_file}")
         else:

@@ -1,0 +1,60 @@
+/* admin.h - the admin room: a token-guarded HTTP listener (libmicrohttpd) on --admin_port, loopback by default,
+ * that changes what the server serves one model at a time. It reaches the server only through the adm_ops call
+ * table that server/ hands it at start-up (server/admin-ops.c), never through server internals.
+ *
+ * Routes (JSON bodies, {"error": "..."} on failure):
+ *   GET    /v1/admin/models                        every model: base path, policy, labels, versions, traffic
+ *   POST   /v1/admin/models                        {"name", "base_path", "version_policy"?}: load a model; returns
+ *                                                  once a version is AVAILABLE, or with the load error (the model
+ *                                                  is then not added)
+ *   DELETE /v1/admin/models/{m}                    unload it (each version once its in-flight requests finish)
+ *   PUT    /v1/admin/models/{m}/labels/{label}     {"version": n}: set or move a label (the version must be AVAILABLE)
+ *   GET    /v1/admin/models/{m}/traffic            the model's routes
+ *   PUT    /v1/admin/models/{m}/traffic            {"routes": {"stable": 90, "canary": 10}, "sticky_header"?, "shadow"?}
+ * Security: every route needs "Authorization: Bearer <token>" (constant-time comparison); the listener does not
+ * open with a token under 32 characters (128 bits as hex); an address that failed 5 times within a minute gets 429
+ * for a doubling back-off (up to 60 s); bodies over 1 MiB are refused with 413 before they are read; names are
+ * checked ([A-Za-z0-9_.-], not "." or "..", at most 255 bytes) before anything else.
+ */
+#ifndef ADM_ADMIN_H
+#define ADM_ADMIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/srv.h"
+
+/* A traffic split as the admin API takes it. */
+typedef struct adm_split {
+    int n;
+    char **labels;
+    int *weights;
+    const char *sticky_header; /* NULL: none */
+    const char *shadow;        /* NULL: none */
+} adm_split;
+
+/* The calls server/ hands the admin room. JSON results are malloc'd text. */
+typedef struct adm_ops {
+    void *ctx;
+    srv_code (*list)(void *ctx, char **json, srv_error *err);
+    srv_code (*add)(void *ctx, const char *name, const char *base_path, const char *policy_text, srv_error *err);
+    srv_code (*remove)(void *ctx, const char *name, srv_error *err);
+    srv_code (*set_label)(void *ctx, const char *model, const char *label, int64_t version, srv_error *err);
+    srv_code (*get_traffic)(void *ctx, const char *model, char **json, srv_error *err);
+    srv_code (*set_traffic)(void *ctx, const char *model, const adm_split *split, srv_error *err);
+} adm_ops;
+
+typedef struct adm_opts {
+    const char *bind;   /* default 127.0.0.1 */
+    int port;           /* > 0 */
+    const char *token;  /* required, >= ADM_MIN_TOKEN characters */
+} adm_opts;
+#define ADM_MIN_TOKEN 32
+#define ADM_MAX_BODY (1 << 20)
+
+typedef struct adm_server adm_server;
+
+adm_server *adm_start(const adm_opts *o, const adm_ops *ops, srv_error *err);
+void adm_stop(adm_server **s);
+
+#endif

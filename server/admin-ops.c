@@ -1,0 +1,259 @@
+/* admin-ops.c - the calls the server hands the admin room (admin/admin.h's adm_ops), on the registry: each change
+ * takes a copy of the served model set, changes one model, and hands it back to srv_registry_set_config (which
+ * validates everything first and applies only what differs), so an invalid change leaves what serves untouched.
+ * A model added here is kept only if a version of it became AVAILABLE; otherwise the set is put back.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "admin-ops.h"
+#include "config.h"
+#include "json.h"
+#include "log.h"
+
+static void cfgs_free(srv_model_config *c, int n) {
+    for (int i = 0; i < n; i++) srv_model_config_free(&c[i]);
+    free(c);
+}
+
+static int cfg_find(const srv_model_config *c, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(c[i].name, name) == 0) return i;
+    return -1;
+}
+
+static srv_code not_found(const char *model, srv_error *err) {
+    return srv_err(err, SRV_NOT_FOUND, "model '%s' is not served", model);
+}
+
+static void traffic_json(srv_buf *b, const srv_model_config *m) {
+    srv_buf_puts(b, "{\"routes\":{");
+    for (int k = 0; k < m->nroutes; k++) {
+        if (k) srv_buf_puts(b, ",");
+        srv_buf_json_str(b, m->route_labels[k]);
+        srv_buf_printf(b, ":%d", m->route_weights[k]);
+    }
+    srv_buf_puts(b, "},\"sticky_header\":");
+    if (m->sticky_header) srv_buf_json_str(b, m->sticky_header);
+    else srv_buf_puts(b, "null");
+    srv_buf_puts(b, ",\"shadow\":");
+    if (m->shadow) srv_buf_json_str(b, m->shadow);
+    else srv_buf_puts(b, "null");
+    srv_buf_puts(b, "}");
+}
+
+static srv_code ops_list(void *ctx, char **json, srv_error *err) {
+    srv_admin_ctx *a = ctx;
+    srv_model_config *c = NULL;
+    int n = 0;
+    if (srv_registry_get_config(a->reg, &c, &n, err) != SRV_OK) return err->code;
+    srv_buf b = {0};
+    srv_buf_puts(&b, "{\"models\":[");
+    for (int i = 0; i < n; i++) {
+        srv_buf_puts(&b, i ? ",{\"name\":" : "{\"name\":");
+        srv_buf_json_str(&b, c[i].name);
+        srv_buf_puts(&b, ",\"base_path\":");
+        srv_buf_json_str(&b, c[i].base_path);
+        srv_buf_printf(&b, ",\"version_policy\":\"%s\",\"labels\":{",
+                       c[i].policy == SRV_POLICY_ALL ? "all" : c[i].policy == SRV_POLICY_SPECIFIC ? "specific" : "latest");
+        for (int k = 0; k < c[i].nlabels; k++) {
+            if (k) srv_buf_puts(&b, ",");
+            srv_buf_json_str(&b, c[i].label_names[k]);
+            srv_buf_printf(&b, ":%lld", (long long)c[i].label_versions[k]);
+        }
+        srv_buf_puts(&b, "},\"versions\":[");
+        srv_version_status *st = NULL;
+        int ns = 0;
+        srv_error e2 = {0};
+        if (srv_registry_status(a->reg, c[i].name, 0, NULL, &st, &ns, &e2) == SRV_OK)
+            for (int k = 0; k < ns; k++) {
+                srv_buf_printf(&b, "%s{\"version\":%lld,\"state\":\"%s\"}", k ? "," : "", (long long)st[k].version,
+                               srv_state_name(st[k].state));
+            }
+        srv_status_free(st, ns);
+        srv_buf_puts(&b, "],\"traffic\":");
+        traffic_json(&b, &c[i]);
+        srv_buf_puts(&b, "}");
+    }
+    srv_buf_puts(&b, "]}");
+    cfgs_free(c, n);
+    if (b.oom) {
+        free(b.p);
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    *json = b.p;
+    return SRV_OK;
+}
+
+/* base is inside --model_root (both resolved: symlinks followed). */
+static srv_code check_root(const srv_admin_ctx *a, const char *base, srv_error *err) {
+    if (!a->model_root) return SRV_OK;
+    char rroot[PATH_MAX], rbase[PATH_MAX];
+    if (!realpath(a->model_root, rroot)) return srv_err(err, SRV_INTERNAL, "--model_root '%s' cannot be resolved", a->model_root);
+    if (!realpath(base, rbase))
+        return srv_err(err, SRV_NOT_FOUND, "base_path '%.300s' does not exist (it must be inside --model_root '%s')", base,
+                       a->model_root);
+    size_t n = strlen(rroot);
+    if (strncmp(rbase, rroot, n) != 0 || (rbase[n] != '/' && rbase[n] != '\0'))
+        return srv_err(err, SRV_PERMISSION_DENIED, "base_path '%.300s' is outside --model_root '%s'", base, a->model_root);
+    return SRV_OK;
+}
+
+static srv_code ops_add(void *ctx, const char *name, const char *base, const char *policy_text, srv_error *err) {
+    srv_admin_ctx *a = ctx;
+    if (check_root(a, base, err) != SRV_OK) return err->code;
+    srv_buf t = {0};
+    srv_buf_puts(&t, "model_config_list { config { name: ");
+    srv_config_quote(&t, name);
+    srv_buf_puts(&t, " base_path: ");
+    srv_config_quote(&t, base);
+    srv_buf_printf(&t, " %s } }\n", policy_text ? policy_text : "");
+    srv_model_config *add = NULL, *cur = NULL, *next = NULL;
+    int nadd = 0, n = 0;
+    srv_code rc = t.oom ? srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory")
+                        : srv_config_parse_models(t.p, t.len, "admin: new model", &add, &nadd, err);
+    free(t.p);
+    if (rc == SRV_OK) rc = srv_registry_get_config(a->reg, &cur, &n, err);
+    if (rc == SRV_OK && cfg_find(cur, n, name) >= 0) rc = srv_err(err, SRV_ALREADY_EXISTS, "model '%s' is served already", name);
+    if (rc == SRV_OK && !(next = calloc((size_t)n + 2, sizeof *next))) rc = srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    if (rc == SRV_OK) {
+        memcpy(next, cur, (size_t)n * sizeof *next); /* shallow: set_config copies */
+        next[n] = add[0];
+        rc = srv_registry_set_config(a->reg, next, n + 1, err);
+    }
+    if (rc == SRV_OK) {
+        srv_registry_poll(a->reg);
+        rc = srv_registry_check_available(a->reg, &add[0], 1, err);
+        if (rc != SRV_OK) { /* put the set back: a model that does not load is not added */
+            srv_error e2 = {0};
+            srv_registry_set_config(a->reg, cur, n, &e2);
+        }
+    }
+    if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", name, 0, "model added from %s", base);
+    free(next);
+    cfgs_free(cur, n);
+    cfgs_free(add, nadd);
+    return rc;
+}
+
+/* Change one model of the set with fn, then apply; NOT_FOUND when it is not served. */
+static srv_code change(srv_admin_ctx *a, const char *model, srv_code (*fn)(srv_model_config *m, const void *arg,
+                                                                          srv_error *err),
+                       const void *arg, srv_error *err) {
+    srv_model_config *c = NULL;
+    int n = 0;
+    if (srv_registry_get_config(a->reg, &c, &n, err) != SRV_OK) return err->code;
+    int i = cfg_find(c, n, model);
+    srv_code rc = i < 0 ? not_found(model, err) : fn(&c[i], arg, err);
+    if (rc == SRV_OK) rc = srv_registry_set_config(a->reg, c, n, err);
+    cfgs_free(c, n);
+    return rc;
+}
+
+static srv_code ops_remove(void *ctx, const char *name, srv_error *err) {
+    srv_admin_ctx *a = ctx;
+    srv_model_config *c = NULL;
+    int n = 0;
+    if (srv_registry_get_config(a->reg, &c, &n, err) != SRV_OK) return err->code;
+    int i = cfg_find(c, n, name);
+    srv_code rc = SRV_OK;
+    if (i < 0) rc = not_found(name, err);
+    else {
+        srv_model_config gone = c[i];
+        memmove(&c[i], &c[i + 1], (size_t)(n - i - 1) * sizeof *c);
+        c[n - 1] = gone; /* freed below with the rest */
+        rc = srv_registry_set_config(a->reg, c, n - 1, err);
+    }
+    if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", name, 0, "model removed");
+    cfgs_free(c, n);
+    return rc;
+}
+
+typedef struct label_arg {
+    const char *label;
+    int64_t version;
+} label_arg;
+
+static srv_code set_label_fn(srv_model_config *m, const void *arg, srv_error *err) {
+    const label_arg *l = arg;
+    for (int k = 0; k < m->nlabels; k++)
+        if (strcmp(m->label_names[k], l->label) == 0) {
+            m->label_versions[k] = l->version;
+            return SRV_OK;
+        }
+    char **ln = realloc(m->label_names, (size_t)(m->nlabels + 1) * sizeof *ln);
+    if (!ln) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    m->label_names = ln;
+    int64_t *lv = realloc(m->label_versions, (size_t)(m->nlabels + 1) * sizeof *lv);
+    if (!lv) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    m->label_versions = lv;
+    if (!(m->label_names[m->nlabels] = strdup(l->label))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    m->label_versions[m->nlabels++] = l->version;
+    return SRV_OK;
+}
+
+static srv_code ops_set_label(void *ctx, const char *model, const char *label, int64_t version, srv_error *err) {
+    label_arg l = {label, version};
+    srv_code rc = change(ctx, model, set_label_fn, &l, err);
+    if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", model, version, "label '%s' -> version %lld", label, (long long)version);
+    return rc;
+}
+
+static srv_code set_traffic_fn(srv_model_config *m, const void *arg, srv_error *err) {
+    const adm_split *s = arg;
+    for (int k = 0; k < m->nroutes; k++) free(m->route_labels[k]);
+    free(m->route_labels);
+    free(m->route_weights);
+    free(m->sticky_header);
+    free(m->shadow);
+    m->route_labels = NULL, m->route_weights = NULL, m->sticky_header = NULL, m->shadow = NULL, m->nroutes = 0;
+    if (s->n > 0) {
+        m->route_labels = calloc((size_t)s->n, sizeof *m->route_labels);
+        m->route_weights = calloc((size_t)s->n, sizeof *m->route_weights);
+        if (!m->route_labels || !m->route_weights) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+        for (int k = 0; k < s->n; k++) {
+            if (!(m->route_labels[k] = strdup(s->labels[k]))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+            m->route_weights[k] = s->weights[k];
+            m->nroutes = k + 1;
+        }
+    }
+    if (s->sticky_header && !(m->sticky_header = strdup(s->sticky_header)))
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    if (s->shadow && !(m->shadow = strdup(s->shadow))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    return SRV_OK;
+}
+
+static srv_code ops_set_traffic(void *ctx, const char *model, const adm_split *split, srv_error *err) {
+    srv_code rc = change(ctx, model, set_traffic_fn, split, err);
+    if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", model, 0, "traffic set: %d routes", split->n);
+    return rc;
+}
+
+static srv_code ops_get_traffic(void *ctx, const char *model, char **json, srv_error *err) {
+    srv_admin_ctx *a = ctx;
+    srv_model_config *c = NULL;
+    int n = 0;
+    if (srv_registry_get_config(a->reg, &c, &n, err) != SRV_OK) return err->code;
+    int i = cfg_find(c, n, model);
+    srv_code rc = i < 0 ? not_found(model, err) : SRV_OK;
+    if (rc == SRV_OK) {
+        srv_buf b = {0};
+        traffic_json(&b, &c[i]);
+        if (b.oom) {
+            free(b.p);
+            rc = srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+        } else {
+            *json = b.p;
+        }
+    }
+    cfgs_free(c, n);
+    return rc;
+}
+
+adm_ops srv_admin_ops(srv_admin_ctx *a) {
+    adm_ops o = {.ctx = a, .list = ops_list, .add = ops_add, .remove = ops_remove, .set_label = ops_set_label,
+                 .get_traffic = ops_get_traffic, .set_traffic = ops_set_traffic};
+    return o;
+}

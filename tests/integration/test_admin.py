@@ -1,0 +1,166 @@
+"""The admin room against the real binary: the token-guarded listener on --admin_port (loopback), model management,
+labels and traffic through it, and its security rules. (Issue 11; promote/rollback, persistence and `tensord admin`
+are not here yet.)
+"""
+import os
+import socket
+
+import pytest
+import requests
+
+import serving_util as u
+
+TOKEN = "a3f1c9e07b5d4e2a8c6f0b1d3e5a7c9f"  # 32 hex characters = 128 bits
+
+
+def _admin_server(tmp_path, extra=(), token=TOKEN, base=None):
+    if base is None:
+        base = str(tmp_path / "m")
+        for v in (1, 2):
+            u.write_version(base, v, u.version_model(v))
+    aport = u.free_port()
+    env = dict(os.environ, TENSORD_ADMIN_TOKEN=token)
+    srv = u.Server(tmp_path, base_path=base, env=env, extra=[f"--admin_port={aport}", *extra])
+    return srv, aport
+
+
+def _req(aport, method, path, token=TOKEN, **kw):
+    h = kw.pop("headers", {})
+    if token is not None:
+        h["Authorization"] = f"Bearer {token}"
+    return requests.request(method, f"http://127.0.0.1:{aport}{path}", headers=h, timeout=60, **kw)
+
+
+def _listening(port):
+    """Local addresses listening on port (from /proc/net/tcp{,6})."""
+    out = set()
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(f).read().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            parts = ln.split()
+            addr, st = parts[1], parts[3]
+            ip, p = addr.split(":")
+            if st == "0A" and int(p, 16) == port:
+                out.add(ip)
+    return out
+
+
+@pytest.fixture(scope="module")
+def admin(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("admin")
+    srv, aport = _admin_server(tmp, extra=[f"--model_root={tmp}"])
+    yield srv, aport, tmp
+    u.server_fixture_finalize(srv)
+
+
+ROUTES = [("GET", "/v1/admin/models", None), ("POST", "/v1/admin/models", {"name": "x", "base_path": "/tmp"}),
+          ("DELETE", "/v1/admin/models/m", None), ("PUT", "/v1/admin/models/m/labels/l", {"version": 1}),
+          ("GET", "/v1/admin/models/m/traffic", None), ("PUT", "/v1/admin/models/m/traffic", {"routes": {}})]
+
+
+@pytest.mark.parametrize("token", [None, "wrong", TOKEN[:-1] + ("0" if TOKEN[-1] != "0" else "1")])
+def test_every_route_needs_the_token(tmp_path, token):
+    srv, aport = _admin_server(tmp_path)  # its own server: the failures here start a back-off
+    with srv:
+        for i, (method, path, body) in enumerate(ROUTES):
+            r = _req(aport, method, path, token=token, json=body)
+            want = (401,) if i < 4 else (401, 429)  # the 5th failure within a minute starts the back-off
+            assert r.status_code in want, f"{method} {path} with token {token!r}: {r.status_code} {r.text}"
+        assert srv.post_json("/v1/models/m:predict", {"instances": [[0.0]]}).status_code == 200
+
+
+def test_manage_a_model_labels_and_traffic(admin):
+    srv, aport, tmp = admin
+    base = str(tmp / "fm")
+    for v in (1, 2):
+        u.write_version(base, v, u.version_model(v))
+    r = _req(aport, "POST", "/v1/admin/models", json={"name": "fm", "base_path": base, "version_policy": {"all": {}}})
+    assert r.status_code == 201, r.text
+    names = [m["name"] for m in r.json()["models"]]
+    assert "fm" in names and "m" in names
+    assert srv.post_json("/v1/models/fm/versions/1:predict", {"instances": [[0.0]]}).json()["predictions"] == [[1.0]]
+    assert _req(aport, "POST", "/v1/admin/models", json={"name": "fm", "base_path": base}).status_code == 409
+    for label, v in (("stable", 1), ("canary", 2)):
+        r = _req(aport, "PUT", f"/v1/admin/models/fm/labels/{label}", json={"version": v})
+        assert r.status_code == 200, r.text
+    r = _req(aport, "PUT", "/v1/admin/models/fm/labels/x", json={"version": 7})
+    assert r.status_code == 400 and "7" in r.json()["error"], r.text
+    r = _req(aport, "PUT", "/v1/admin/models/fm/traffic", json={"routes": {"stable": 80, "canary": 20}})
+    assert r.status_code == 200, r.text
+    assert r.json()["routes"] == {"stable": 80, "canary": 20}
+    s = requests.Session()
+    got = [int(srv.post_json("/v1/models/fm:predict", {"instances": [[0.0]]}, session=s).headers["X-Model-Version"])
+           for _ in range(500)]
+    assert abs(got.count(2) / 500 - 0.2) <= 0.03, got.count(2)
+    r = _req(aport, "PUT", "/v1/admin/models/fm/traffic", json={"routes": {"stable": 80, "nightly": 20}})
+    assert r.status_code == 400 and "nightly" in r.json()["error"], r.text
+    assert _req(aport, "GET", "/v1/admin/models/fm/traffic").json()["routes"] == {"stable": 80, "canary": 20}
+    r = _req(aport, "DELETE", "/v1/admin/models/fm")
+    assert r.status_code == 200, r.text
+    assert srv.post_json("/v1/models/fm:predict", {"instances": [[0.0]]}).status_code == 404
+    assert _req(aport, "DELETE", "/v1/admin/models/fm").status_code == 404
+
+
+def test_a_model_that_does_not_load_is_not_added(admin):
+    srv, aport, tmp = admin
+    bad = tmp / "bad" / "1"
+    bad.mkdir(parents=True)
+    (bad / "model.onnx").write_bytes(b"not an onnx model")
+    r = _req(aport, "POST", "/v1/admin/models", json={"name": "bad", "base_path": str(tmp / "bad")})
+    assert r.status_code == 400, r.text
+    assert "bad" in r.json()["error"]
+    assert "bad" not in [m["name"] for m in _req(aport, "GET", "/v1/admin/models").json()["models"]]
+    assert srv.post_json("/v1/models/m:predict", {"instances": [[0.0]]}).status_code == 200
+
+
+@pytest.mark.parametrize("name", ["..", "a/b", "a\x00b", "x" * 256, "", "bad name"])
+def test_bad_names_are_refused(admin, name):
+    _, aport, tmp = admin
+    r = _req(aport, "POST", "/v1/admin/models", json={"name": name, "base_path": str(tmp / "m")})
+    assert r.status_code == 400, (name, r.status_code, r.text)
+
+
+def test_model_root_confines_base_paths(admin, tmp_path):
+    _, aport, tmp = admin
+    outside = str(tmp_path / "outside")
+    u.write_version(outside, 1, u.version_model(1))
+    r = _req(aport, "POST", "/v1/admin/models", json={"name": "out", "base_path": outside})
+    assert r.status_code == 403, r.text
+    link = tmp / "link"
+    os.symlink(outside, link)
+    r = _req(aport, "POST", "/v1/admin/models", json={"name": "out", "base_path": str(link)})
+    assert r.status_code == 403, r.text
+
+
+def test_body_over_limit_is_413(admin):
+    _, aport, _ = admin
+    r = _req(aport, "POST", "/v1/admin/models", data=b"{" + b" " * (2 << 20) + b"}",
+             headers={"Content-Type": "application/json"})
+    assert r.status_code == 413, r.status_code
+
+
+def test_admin_routes_absent_from_inference_ports_and_loopback_only(admin):
+    srv, aport, _ = admin
+    assert srv.get("/v1/admin/models", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 404
+    addrs = _listening(aport)
+    assert addrs and all(a in ("0100007F", "00000000000000000000000001000000") for a in addrs), addrs
+
+
+def test_short_token_keeps_the_admin_port_closed(tmp_path):
+    srv, aport = _admin_server(tmp_path, token="0123456789abcdef")  # 16 characters
+    with srv:
+        assert "admin API not opened" in srv.stderr() and "32 characters" in srv.stderr(), srv.stderr()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", aport), timeout=2).close()
+        assert srv.post_json("/v1/models/m:predict", {"instances": [[0.0]]}).status_code == 200
+
+
+def test_repeated_failures_are_slowed_down(tmp_path):
+    srv, aport = _admin_server(tmp_path)
+    with srv:
+        codes = [_req(aport, "GET", "/v1/admin/models", token="nope").status_code for _ in range(8)]
+        assert codes[:4] == [401] * 4 and 429 in codes, codes
+        assert _req(aport, "GET", "/v1/admin/models").status_code == 429  # even the right token waits out the back-off
