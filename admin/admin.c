@@ -262,9 +262,16 @@ static int adm_route(const char *url, char *model, char *label) {
     if (*p++ != '/') return -1;
     const char *e = strchr(p, '/');
     size_t n = e ? (size_t)(e - p) : strlen(p);
+    const char *colon = !e ? strchr(p, ':') : NULL;
+    int verb = 0;
+    if (colon && (!strcmp(colon, ":promote") || !strcmp(colon, ":rollback"))) {
+        verb = colon[1] == 'p' ? 4 : 5;
+        n = (size_t)(colon - p);
+    }
     if (n == 0 || n > 255) return -2;
     memcpy(model, p, n);
     model[n] = '\0';
+    if (verb) return verb;
     if (!e) return 1;
     if (strcmp(e, "/traffic") == 0) return 2;
     if (strncmp(e, "/labels/", 8) == 0) {
@@ -285,7 +292,7 @@ static enum MHD_Result adm_dispatch(adm_server *s, struct MHD_Connection *c, con
         return adm_error(c, 400, "invalid model or label name in the URL ([A-Za-z0-9_.-], at most 255 bytes)");
     srv_error err = {0};
     cJSON *b = NULL;
-    int wants_body = !strcmp(method, "POST") || !strcmp(method, "PUT");
+    int wants_body = (!strcmp(method, "POST") || !strcmp(method, "PUT")) && kind != 4 && kind != 5;
     if (wants_body && adm_has_nul(rq->body, rq->len))
         return adm_error(c, 400, "the request body holds a NUL character (raw or \\u0000): names and paths cannot");
     if (wants_body) {
@@ -307,6 +314,10 @@ static enum MHD_Result adm_dispatch(adm_server *s, struct MHD_Connection *c, con
         ret = s->ops.get_traffic(s->ops.ctx, model, &json, &err) == SRV_OK ? adm_send(c, 200, json, NULL) : adm_code(c, &err);
     } else if (kind == 2 && !strcmp(method, "PUT")) {
         ret = adm_traffic_put(s, c, model, b);
+    } else if ((kind == 4 || kind == 5) && !strcmp(method, "POST")) {
+        srv_code rc = kind == 4 ? s->ops.promote(s->ops.ctx, model, &err) : s->ops.rollback(s->ops.ctx, model, &err);
+        ret = rc == SRV_OK && s->ops.get_traffic(s->ops.ctx, model, &json, &err) == SRV_OK ? adm_send(c, 200, json, NULL)
+                                                                                            : adm_code(c, &err);
     } else if (kind == 3 && !strcmp(method, "PUT")) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(b, "version");
         if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 1e15 || v->valuedouble != (double)(int64_t)v->valuedouble)

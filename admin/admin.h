@@ -11,6 +11,10 @@
  *   PUT    /v1/admin/models/{m}/labels/{label}     {"version": n}: set or move a label (the version must be AVAILABLE)
  *   GET    /v1/admin/models/{m}/traffic            the model's routes
  *   PUT    /v1/admin/models/{m}/traffic            {"routes": {"stable": 90, "canary": 10}, "sticky_header"?, "shadow"?}
+ *   POST   /v1/admin/models/{m}:promote            the canary (the one route beside "stable") becomes stable and takes
+ *                                                  all traffic
+ *   POST   /v1/admin/models/{m}:rollback           drop the canary route; after a promote, stable goes back to the
+ *                                                  version it had before
  * Security: every route needs "Authorization: Bearer <token>" (constant-time comparison); the listener does not
  * open with a token under 32 characters (128 bits as hex); an address that failed 5 times within a minute gets 429
  * for a doubling back-off (up to 60 s); bodies over 1 MiB are refused with 413 before they are read; names are
@@ -42,6 +46,8 @@ typedef struct adm_ops {
     srv_code (*set_label)(void *ctx, const char *model, const char *label, int64_t version, srv_error *err);
     srv_code (*get_traffic)(void *ctx, const char *model, char **json, srv_error *err);
     srv_code (*set_traffic)(void *ctx, const char *model, const adm_split *split, srv_error *err);
+    srv_code (*promote)(void *ctx, const char *model, srv_error *err);
+    srv_code (*rollback)(void *ctx, const char *model, srv_error *err);
 } adm_ops;
 
 typedef struct adm_opts {

@@ -252,8 +252,121 @@ static srv_code ops_get_traffic(void *ctx, const char *model, char **json, srv_e
     return rc;
 }
 
+/* ---- promote and rollback ---- */
+
+static srv_admin_hist *hist_of(srv_admin_ctx *a, const char *model, int create) {
+    srv_admin_hist *free_slot = NULL;
+    for (int i = 0; i < SRV_ADMIN_MODELS; i++) {
+        if (strcmp(a->hist[i].model, model) == 0) return &a->hist[i];
+        if (!free_slot && !a->hist[i].model[0]) free_slot = &a->hist[i];
+    }
+    if (!create || !free_slot) return NULL;
+    snprintf(free_slot->model, sizeof free_slot->model, "%s", model);
+    free_slot->n = 0;
+    return free_slot;
+}
+
+static int label_index(const srv_model_config *m, const char *label) {
+    for (int k = 0; k < m->nlabels; k++)
+        if (strcmp(m->label_names[k], label) == 0) return k;
+    return -1;
+}
+
+/* The canary route: the one route beside "stable" with a weight; -1 when none, -2 when several. */
+static int canary_route(const srv_model_config *m) {
+    int c = -1;
+    for (int k = 0; k < m->nroutes; k++)
+        if (strcmp(m->route_labels[k], "stable") != 0 && m->route_weights[k] > 0) c = c == -1 ? k : -2;
+    return c;
+}
+
+typedef struct flip_arg {
+    int64_t stable_to; /* > 0: move the stable label here */
+} flip_arg;
+
+/* stable takes all traffic (optionally moved to another version); other routes and a shadow on them go. */
+static srv_code flip_fn(srv_model_config *m, const void *arg, srv_error *err) {
+    const flip_arg *f = arg;
+    int s = label_index(m, "stable");
+    if (s < 0) return srv_err(err, SRV_FAILED_PRECONDITION, "model '%s' has no 'stable' label", m->name);
+    if (f->stable_to > 0) m->label_versions[s] = f->stable_to;
+    char *one[1] = {"stable"};
+    int w[1] = {100};
+    adm_split sp = {.n = 1, .labels = one, .weights = w, .sticky_header = m->sticky_header, .shadow = NULL};
+    char *sticky = m->sticky_header ? strdup(m->sticky_header) : NULL;
+    sp.sticky_header = sticky;
+    srv_code rc = set_traffic_fn(m, &sp, err);
+    free(sticky);
+    return rc;
+}
+
+static srv_code ops_promote(void *ctx, const char *model, srv_error *err) {
+    srv_admin_ctx *a = ctx;
+    srv_model_config *c = NULL;
+    int n = 0;
+    pthread_mutex_lock(&a->mu);
+    srv_code rc = srv_registry_get_config(a->reg, &c, &n, err);
+    int i = rc == SRV_OK ? cfg_find(c, n, model) : -1;
+    int64_t prev = 0, next = 0;
+    if (rc == SRV_OK && i < 0) rc = not_found(model, err);
+    if (rc == SRV_OK) {
+        int k = canary_route(&c[i]), s = label_index(&c[i], "stable");
+        if (k == -1) rc = srv_err(err, SRV_FAILED_PRECONDITION, "model '%s' has no canary route to promote", model);
+        else if (k == -2) rc = srv_err(err, SRV_FAILED_PRECONDITION, "model '%s' routes to several labels beside 'stable': "
+                                       "set the traffic to stable and one canary first", model);
+        else if (s < 0) rc = srv_err(err, SRV_FAILED_PRECONDITION, "model '%s' has no 'stable' label", model);
+        else {
+            prev = c[i].label_versions[s];
+            next = c[i].label_versions[label_index(&c[i], c[i].route_labels[k])];
+        }
+    }
+    cfgs_free(c, n);
+    if (rc == SRV_OK) {
+        flip_arg f = {next};
+        rc = change(a, model, flip_fn, &f, err);
+    }
+    if (rc == SRV_OK) {
+        srv_admin_hist *h = hist_of(a, model, 1);
+        if (h) {
+            if (h->n == SRV_ADMIN_HISTORY) memmove(h->prev, h->prev + 1, sizeof h->prev[0] * (SRV_ADMIN_HISTORY - 1)), h->n--;
+            h->prev[h->n++] = prev;
+        }
+        srv_log(SRV_LOG_INFO, "admin", model, next, "promote: stable %lld -> %lld, all traffic to stable", (long long)prev,
+                (long long)next);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+static srv_code ops_rollback(void *ctx, const char *model, srv_error *err) {
+    srv_admin_ctx *a = ctx;
+    srv_model_config *c = NULL;
+    int n = 0;
+    pthread_mutex_lock(&a->mu);
+    srv_code rc = srv_registry_get_config(a->reg, &c, &n, err);
+    int i = rc == SRV_OK ? cfg_find(c, n, model) : -1;
+    flip_arg f = {0};
+    int pop = 0;
+    if (rc == SRV_OK && i < 0) rc = not_found(model, err);
+    if (rc == SRV_OK && canary_route(&c[i]) == -1) { /* nothing routed beside stable: undo the last promote */
+        srv_admin_hist *h = hist_of(a, model, 0);
+        if (!h || h->n == 0) rc = srv_err(err, SRV_FAILED_PRECONDITION, "model '%s': nothing to roll back (no canary "
+                                          "route, no promote)", model);
+        else f.stable_to = h->prev[h->n - 1], pop = 1;
+    }
+    cfgs_free(c, n);
+    if (rc == SRV_OK) rc = change(a, model, flip_fn, &f, err);
+    if (rc == SRV_OK && pop) hist_of(a, model, 0)->n--;
+    if (rc == SRV_OK)
+        srv_log(SRV_LOG_INFO, "admin", model, f.stable_to, "rollback: %s", pop ? "stable back to its version before the "
+                "last promote" : "canary route dropped, all traffic to stable");
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
 adm_ops srv_admin_ops(srv_admin_ctx *a) {
     adm_ops o = {.ctx = a, .list = ops_list, .add = ops_add, .remove = ops_remove, .set_label = ops_set_label,
-                 .get_traffic = ops_get_traffic, .set_traffic = ops_set_traffic};
+                 .get_traffic = ops_get_traffic, .set_traffic = ops_set_traffic, .promote = ops_promote,
+                 .rollback = ops_rollback};
     return o;
 }

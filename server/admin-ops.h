@@ -5,9 +5,22 @@
 #include "admin/admin.h"
 #include "registry.h"
 
+#include <pthread.h>
+
+#define SRV_ADMIN_HISTORY 16 /* stable versions remembered per model, for rollback after a promote */
+#define SRV_ADMIN_MODELS 256
+
+typedef struct srv_admin_hist {
+    char model[256];
+    int64_t prev[SRV_ADMIN_HISTORY]; /* stable's versions before each promote, newest last */
+    int n;
+} srv_admin_hist;
+
 typedef struct srv_admin_ctx {
     srv_registry *reg;
     const char *model_root; /* --model_root: base paths must resolve inside it (NULL: any) */
+    pthread_mutex_t mu;     /* promote/rollback: one change at a time, and the history */
+    srv_admin_hist hist[SRV_ADMIN_MODELS];
 } srv_admin_ctx;
 
 adm_ops srv_admin_ops(srv_admin_ctx *a);

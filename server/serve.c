@@ -166,7 +166,10 @@ int srv_cmd_serve(int argc, char **argv) {
                     : "");
     }
 
-    srv_admin_ctx actx = {.reg = reg, .model_root = o.model_root};
+    static srv_admin_ctx actx; /* large (the rollback history): not on the stack */
+    actx.reg = reg;
+    actx.model_root = o.model_root;
+    pthread_mutex_init(&actx.mu, NULL);
     adm_server *admin = NULL;
     if (o.admin_port > 0 && !o.admin_token) {
         srv_log(SRV_LOG_INFO, "listen", NULL, 0, "admin API off: no admin token (--admin_token_file or TENSORD_ADMIN_TOKEN)");

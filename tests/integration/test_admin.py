@@ -164,3 +164,53 @@ def test_repeated_failures_are_slowed_down(tmp_path):
         codes = [_req(aport, "GET", "/v1/admin/models", token="nope").status_code for _ in range(8)]
         assert codes[:4] == [401] * 4 and 429 in codes, codes
         assert _req(aport, "GET", "/v1/admin/models").status_code == 429  # even the right token waits out the back-off
+
+
+def test_promote_and_rollback_without_a_failed_request(admin):
+    import threading
+    srv, aport, tmp = admin
+    base = str(tmp / "pr")
+    for v in (1, 2):
+        u.write_version(base, v, u.version_model(v))
+    assert _req(aport, "POST", "/v1/admin/models", json={"name": "pr", "base_path": base,
+                                                          "version_policy": {"all": {}}}).status_code == 201
+    for label, v in (("stable", 1), ("canary", 2)):
+        assert _req(aport, "PUT", f"/v1/admin/models/pr/labels/{label}", json={"version": v}).status_code == 200
+    assert _req(aport, "POST", "/v1/admin/models/pr:rollback").status_code == 400  # nothing to roll back yet
+    assert _req(aport, "PUT", "/v1/admin/models/pr/traffic",
+                json={"routes": {"stable": 80, "canary": 20}}).status_code == 200
+    failures, stop = [], threading.Event()
+
+    def load():  # predicts all along: none may fail
+        s = requests.Session()
+        while not stop.is_set():
+            r = srv.post_json("/v1/models/pr:predict", {"instances": [[0.0]]}, session=s)
+            if r.status_code != 200:
+                failures.append((r.status_code, r.text))
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    try:
+        def versions(n=200):
+            s = requests.Session()
+            return {int(srv.post_json("/v1/models/pr:predict", {"instances": [[0.0]]}, session=s).headers["X-Model-Version"])
+                    for _ in range(n)}
+        assert versions() == {1, 2}
+        r = _req(aport, "POST", "/v1/admin/models/pr:promote")
+        assert r.status_code == 200, r.text
+        assert r.json()["routes"] == {"stable": 100}
+        assert versions() == {2}, "after promote every request goes to version 2"
+        labels = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "pr"][0]["labels"]
+        assert labels["stable"] == 2
+        r = _req(aport, "POST", "/v1/admin/models/pr:rollback")
+        assert r.status_code == 200, r.text
+        assert versions() == {1}, "after rollback every request goes back to version 1"
+        # rollback with a canary route in place only drops the route
+        assert _req(aport, "PUT", "/v1/admin/models/pr/traffic",
+                    json={"routes": {"stable": 50, "canary": 50}}).status_code == 200
+        assert _req(aport, "POST", "/v1/admin/models/pr:rollback").status_code == 200
+        assert versions() == {1}
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert not failures, failures[:5]
