@@ -5,6 +5,7 @@
 int srv_cmd_predict(int argc, char **argv);
 int srv_cmd_bench(int argc, char **argv);
 int srv_cmd_conformance(int argc, char **argv);
+int srv_cmd_admin(int argc, char **argv); /* cli-admin.c: the admin API from the command line */
 
 /* Parse "--name=value" or "--name value" at argv[*i]; returns the value (advancing *i) or NULL if argv[*i] is
  * not that flag. Exits with usage error text when the value is missing. */

@@ -26,6 +26,8 @@ static void usage(FILE *f) {
             "  tensord predict --model PATH --input NAME=FILE.npy [--input ...] --output-dir DIR [--threads T]\n"
             "  tensord bench --model PATH --input NAME=FILE.npy [...] [--iterations N] [--warmup W] [--threads T]\n"
             "  tensord conformance DIR [--filter SUBSTR] [-v] [--expect FILE] [--write-passes FILE] [--threads T] [--isolate]\n"
+            "  tensord admin [--admin_url http://127.0.0.1:8502] [--admin_token_file F] models | add NAME BASE_PATH [--policy all]\n"
+            "                | remove NAME | label MODEL LABEL VERSION | traffic MODEL [--routes a=90,b=10] | promote MODEL | rollback MODEL\n"
             "  tensord version\n"
             "PATH is a model.onnx file or a version directory holding one.\n",
             TENSORD_VERSION);
@@ -69,6 +71,7 @@ int main(int argc, char **argv) {
         return fn(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "predict") == 0) return srv_cmd_predict(argc - 1, argv + 1);
+    if (strcmp(cmd, "admin") == 0) return srv_cmd_admin(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return srv_cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "conformance") == 0) return srv_cmd_conformance(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

@@ -214,3 +214,40 @@ def test_promote_and_rollback_without_a_failed_request(admin):
         stop.set()
         t.join(timeout=30)
     assert not failures, failures[:5]
+
+
+def test_tensord_admin_command(admin, tmp_path):
+    import json
+    import subprocess
+    srv, aport, tmp = admin
+    base = str(tmp / "cli")
+    for v in (1, 2):
+        u.write_version(base, v, u.version_model(v))
+    tok = tmp_path / "token"
+    tok.write_text(TOKEN + "\n")
+
+    def run(*args, token_file=str(tok)):
+        cmd = [u.tensord_bin(), "admin", f"--admin_url=http://127.0.0.1:{aport}"]
+        if token_file:
+            cmd.append(f"--admin_token_file={token_file}")
+        return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=60,
+                              env={k: v for k, v in os.environ.items() if k != "TENSORD_ADMIN_TOKEN"})
+
+    p = run("add", "cli", base, "--policy", "all")
+    assert p.returncode == 0, p.stderr
+    assert "cli" in [m["name"] for m in json.loads(p.stdout)["models"]]
+    assert run("label", "cli", "stable", "1").returncode == 0
+    assert run("label", "cli", "canary", "2").returncode == 0
+    p = run("traffic", "cli", "--routes", "stable=90,canary=10", "--sticky", "X-User-Id")
+    assert p.returncode == 0, p.stderr
+    shown = json.loads(run("traffic", "cli").stdout)
+    assert shown == {"routes": {"stable": 90, "canary": 10}, "sticky_header": "X-User-Id", "shadow": None}, shown
+    p = run("promote", "cli")
+    assert p.returncode == 0 and json.loads(p.stdout)["routes"] == {"stable": 100}, p.stderr
+    assert run("rollback", "cli").returncode == 0
+    p = run("label", "cli", "x", "9")
+    assert p.returncode == 1 and "error:" in p.stderr and "9" in p.stderr, (p.returncode, p.stderr)
+    assert run("remove", "cli").returncode == 0
+    p = run("models", token_file=None)
+    assert p.returncode == 2 and "no admin token" in p.stderr, p.stderr
+    assert run("frobnicate").returncode == 2
