@@ -148,7 +148,7 @@ static void adm_succeeded(adm_server *s, const char *addr) {
 
 /* "latest": {"num_versions": n} | "all": {} | "specific": {"versions": [..]} -> a model_version_policy text
  * fragment (config.c checks it); NULL policy: "". 0, or -1 with err. */
-static int adm_policy_text(const cJSON *p, char *out, size_t cap, srv_error *err) {
+int adm_policy_text(const struct cJSON *p, char *out, size_t cap, srv_error *err) {
     out[0] = '\0';
     if (!p || cJSON_IsNull(p)) return 0;
     const cJSON *x;

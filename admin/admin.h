@@ -61,6 +61,10 @@ typedef struct adm_opts {
 typedef struct adm_server adm_server;
 
 adm_server *adm_start(const adm_opts *o, const adm_ops *ops, srv_error *err);
+/* A version_policy JSON object ({"latest": {"num_versions": n}} | {"all": {}} | {"specific": {"versions": [..]}},
+ * NULL: none) as a model_version_policy text-format fragment ("" for none). 0, or -1 with err. */
+struct cJSON;
+int adm_policy_text(const struct cJSON *policy, char *out, size_t cap, srv_error *err);
 void adm_stop(adm_server **s);
 
 #endif

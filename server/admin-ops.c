@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "admin-ops.h"
 #include "config.h"
 #include "json.h"
@@ -42,6 +44,46 @@ static void traffic_json(srv_buf *b, const srv_model_config *m) {
     if (m->shadow) srv_buf_json_str(b, m->shadow);
     else srv_buf_puts(b, "null");
     srv_buf_puts(b, "}");
+}
+
+/* ---- the kept state (--state_dir) ---- */
+
+static void policy_json(const srv_model_config *m, char *out, size_t cap) {
+    if (m->policy == SRV_POLICY_ALL) {
+        snprintf(out, cap, "{\"all\":{}}");
+    } else if (m->policy == SRV_POLICY_SPECIFIC) {
+        size_t k = (size_t)snprintf(out, cap, "{\"specific\":{\"versions\":[");
+        for (int i = 0; i < m->nversions && k < cap; i++)
+            k += (size_t)snprintf(out + k, cap - k, "%s%lld", i ? "," : "", (long long)m->versions[i]);
+        if (k < cap) snprintf(out + k, cap - k, "]}}");
+    } else {
+        snprintf(out, cap, "{\"latest\":{\"num_versions\":%d}}", m->latest_n > 0 ? m->latest_n : 1);
+    }
+}
+
+/* Write the model's labels and traffic (and, when added, its row) to the state; no state: nothing to do. */
+static srv_code persist_model(srv_admin_ctx *a, const srv_model_config *m, int added, srv_error *err) {
+    if (!a->state) return SRV_OK;
+    if (added) {
+        char pj[4096];
+        policy_json(m, pj, sizeof pj);
+        if (adm_state_put_model(a->state, m->name, m->base_path, pj, err) != SRV_OK) return err->code;
+    }
+    for (int k = 0; k < m->nlabels; k++)
+        if (adm_state_put_label(a->state, m->name, m->label_names[k], m->label_versions[k], err) != SRV_OK) return err->code;
+    adm_route *r = m->nroutes ? calloc((size_t)m->nroutes, sizeof *r) : NULL;
+    if (m->nroutes && !r) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    for (int k = 0; k < m->nroutes; k++) r[k] = (adm_route){m->route_labels[k], m->route_weights[k]};
+    adm_traffic t = {.routes = r, .nroutes = m->nroutes, .sticky_header = m->sticky_header, .shadow = m->shadow};
+    srv_code rc = adm_state_put_traffic(a->state, m->name, &t, err);
+    free(r);
+    return rc;
+}
+
+static void persist_event(srv_admin_ctx *a, const char *model, const char *event, const char *detail) {
+    srv_error e = {0};
+    if (a->state && adm_state_add_event(a->state, model, event, detail, &e) != SRV_OK)
+        srv_log(SRV_LOG_ERROR, "admin", model, 0, "could not keep the %s event: %s", event, e.msg);
 }
 
 static srv_code ops_list(void *ctx, char **json, srv_error *err) {
@@ -131,6 +173,11 @@ static srv_code ops_add(void *ctx, const char *name, const char *base, const cha
             srv_registry_set_config(a->reg, cur, n, &e2);
         }
     }
+    if (rc == SRV_OK && persist_model(a, &add[0], 1, err) != SRV_OK) {
+        srv_error e2 = {0};
+        srv_registry_set_config(a->reg, cur, n, &e2);
+        rc = err->code != SRV_OK ? err->code : SRV_INTERNAL;
+    }
     if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", name, 0, "model added from %s", base);
     free(next);
     cfgs_free(cur, n);
@@ -145,9 +192,18 @@ static srv_code change(srv_admin_ctx *a, const char *model, srv_code (*fn)(srv_m
     srv_model_config *c = NULL;
     int n = 0;
     if (srv_registry_get_config(a->reg, &c, &n, err) != SRV_OK) return err->code;
+    srv_model_config *before = NULL;
+    int nb = 0;
     int i = cfg_find(c, n, model);
-    srv_code rc = i < 0 ? not_found(model, err) : fn(&c[i], arg, err);
+    srv_code rc = i < 0 ? not_found(model, err) : srv_registry_get_config(a->reg, &before, &nb, err);
+    if (rc == SRV_OK) rc = fn(&c[i], arg, err);
     if (rc == SRV_OK) rc = srv_registry_set_config(a->reg, c, n, err);
+    if (rc == SRV_OK && persist_model(a, &c[i], 0, err) != SRV_OK) { /* not kept: not applied either */
+        srv_error e2 = {0};
+        srv_registry_set_config(a->reg, before, nb, &e2);
+        rc = err->code != SRV_OK ? err->code : SRV_INTERNAL;
+    }
+    cfgs_free(before, nb);
     cfgs_free(c, n);
     return rc;
 }
@@ -165,6 +221,10 @@ static srv_code ops_remove(void *ctx, const char *name, srv_error *err) {
         memmove(&c[i], &c[i + 1], (size_t)(n - i - 1) * sizeof *c);
         c[n - 1] = gone; /* freed below with the rest */
         rc = srv_registry_set_config(a->reg, c, n - 1, err);
+    }
+    if (rc == SRV_OK && a->state && adm_state_delete_model(a->state, name, err) != SRV_OK) {
+        srv_log(SRV_LOG_ERROR, "admin", name, 0, "removed, but the state could not forget it: %s", err->msg);
+        rc = err->code;
     }
     if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", name, 0, "model removed");
     cfgs_free(c, n);
@@ -331,6 +391,9 @@ static srv_code ops_promote(void *ctx, const char *model, srv_error *err) {
             if (h->n == SRV_ADMIN_HISTORY) memmove(h->prev, h->prev + 1, sizeof h->prev[0] * (SRV_ADMIN_HISTORY - 1)), h->n--;
             h->prev[h->n++] = prev;
         }
+        char d[96];
+        snprintf(d, sizeof d, "{\"from\":%lld,\"to\":%lld}", (long long)prev, (long long)next);
+        persist_event(a, model, "promote", d);
         srv_log(SRV_LOG_INFO, "admin", model, next, "promote: stable %lld -> %lld, all traffic to stable", (long long)prev,
                 (long long)next);
     }
@@ -357,6 +420,11 @@ static srv_code ops_rollback(void *ctx, const char *model, srv_error *err) {
     cfgs_free(c, n);
     if (rc == SRV_OK) rc = change(a, model, flip_fn, &f, err);
     if (rc == SRV_OK && pop) hist_of(a, model, 0)->n--;
+    if (rc == SRV_OK) {
+        char d[64];
+        snprintf(d, sizeof d, "{\"stable\":%lld}", (long long)f.stable_to);
+        persist_event(a, model, pop ? "rollback_promote" : "rollback_canary", d);
+    }
     if (rc == SRV_OK)
         srv_log(SRV_LOG_INFO, "admin", model, f.stable_to, "rollback: %s", pop ? "stable back to its version before the "
                 "last promote" : "canary route dropped, all traffic to stable");
@@ -369,4 +437,112 @@ adm_ops srv_admin_ops(srv_admin_ctx *a) {
                  .get_traffic = ops_get_traffic, .set_traffic = ops_set_traffic, .promote = ops_promote,
                  .rollback = ops_rollback};
     return o;
+}
+
+/* ---- restore at start ---- */
+
+static srv_code restore_one(srv_model_config *m, const adm_model_rec *r, srv_error *err) {
+    for (int k = 0; k < r->nlabels; k++) {
+        label_arg l = {r->label_names[k], r->label_versions[k]};
+        if (set_label_fn(m, &l, err) != SRV_OK) return err->code;
+    }
+    if (r->traffic.nroutes > 0) {
+        char **labels = calloc((size_t)r->traffic.nroutes, sizeof *labels);
+        int *w = calloc((size_t)r->traffic.nroutes, sizeof *w);
+        if (!labels || !w) {
+            free(labels);
+            free(w);
+            return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        for (int k = 0; k < r->traffic.nroutes; k++) labels[k] = r->traffic.routes[k].label, w[k] = r->traffic.routes[k].weight;
+        adm_split sp = {.n = r->traffic.nroutes, .labels = labels, .weights = w, .sticky_header = r->traffic.sticky_header,
+                        .shadow = r->traffic.shadow};
+        srv_code rc = set_traffic_fn(m, &sp, err);
+        free(labels);
+        free(w);
+        return rc;
+    }
+    return SRV_OK;
+}
+
+srv_code srv_admin_restore(srv_admin_ctx *a, srv_error *err) {
+    if (!a->state) return SRV_OK;
+    adm_model_rec *recs = NULL;
+    int nr = 0;
+    if (adm_state_load(a->state, &recs, &nr, err) != SRV_OK) return err->code;
+    srv_model_config *c = NULL;
+    int n = 0;
+    srv_code rc = srv_registry_get_config(a->reg, &c, &n, err);
+    srv_model_config *all = rc == SRV_OK ? calloc((size_t)(n + nr) + 1, sizeof *all) : NULL;
+    if (rc == SRV_OK && !all) {
+        cfgs_free(c, n);
+        c = NULL, n = 0;
+        rc = srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    int na = n;
+    if (rc == SRV_OK) memcpy(all, c, (size_t)n * sizeof *all);
+    for (int i = 0; rc == SRV_OK && i < nr; i++) {
+        const adm_model_rec *r = &recs[i];
+        int k = cfg_find(all, na, r->name);
+        if (k < 0 && r->added && r->base_path) { /* added through the admin API: rebuild it */
+            char policy[2048] = "";
+            cJSON *pj = r->policy_json ? cJSON_Parse(r->policy_json) : NULL;
+            srv_error pe = {0};
+            if (pj && adm_policy_text(pj, policy, sizeof policy, &pe) != 0) policy[0] = '\0';
+            cJSON_Delete(pj);
+            srv_buf t = {0};
+            srv_buf_puts(&t, "model_config_list { config { name: ");
+            srv_config_quote(&t, r->name);
+            srv_buf_puts(&t, " base_path: ");
+            srv_config_quote(&t, r->base_path);
+            srv_buf_printf(&t, " %s } }\n", policy);
+            srv_model_config *one = NULL;
+            int none = 0;
+            if (!t.oom && srv_config_parse_models(t.p, t.len, "state", &one, &none, err) == SRV_OK && none == 1) {
+                all[na++] = one[0];
+                free(one);
+                k = na - 1;
+            } else {
+                srv_log(SRV_LOG_ERROR, "admin", r->name, 0, "kept model not restored: %s", err->msg);
+                cfgs_free(one, none);
+            }
+            free(t.p);
+        }
+        if (k < 0) {
+            srv_log(SRV_LOG_WARN, "admin", r->name, 0, "the state has labels or traffic for a model that is not served");
+            continue;
+        }
+        if (restore_one(&all[k], r, err) != SRV_OK)
+            srv_log(SRV_LOG_ERROR, "admin", r->name, 0, "kept labels/traffic not restored: %s", err->msg);
+    }
+    if (rc == SRV_OK) {
+        rc = srv_registry_set_config(a->reg, all, na, err);
+        if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", NULL, 0, "restored %d kept models' admin changes", nr);
+    }
+    /* the promote history, replayed oldest first */
+    for (int i = 0; rc == SRV_OK && i < nr; i++) {
+        adm_event *ev = NULL;
+        int ne = 0;
+        srv_error e2 = {0};
+        if (adm_state_events(a->state, recs[i].name, SRV_ADMIN_HISTORY * 4, &ev, &ne, &e2) != SRV_OK) continue;
+        srv_admin_hist *h = hist_of(a, recs[i].name, 1);
+        for (int k = ne - 1; h && k >= 0; k--) {
+            cJSON *d = ev[k].detail_json ? cJSON_Parse(ev[k].detail_json) : NULL;
+            const cJSON *from = cJSON_GetObjectItemCaseSensitive(d, "from");
+            if (!strcmp(ev[k].event, "promote") && cJSON_IsNumber(from)) {
+                if (h->n == SRV_ADMIN_HISTORY) memmove(h->prev, h->prev + 1, sizeof h->prev[0] * (SRV_ADMIN_HISTORY - 1)), h->n--;
+                h->prev[h->n++] = (int64_t)from->valuedouble;
+            } else if (!strcmp(ev[k].event, "rollback_promote") && h->n > 0) {
+                h->n--;
+            }
+            cJSON_Delete(d);
+        }
+        adm_events_free(ev, ne);
+    }
+    for (int i = 0; i < nr; i++) adm_model_rec_free(&recs[i]);
+    free(recs);
+    for (int i = 0; all && i < na; i++) srv_model_config_free(&all[i]);
+    free(all);
+    free(c); /* its entries moved into all */
+    return rc;
 }

@@ -53,6 +53,7 @@ static const opt_def opt_table[] = {
     {"admin_port", OPT_INT, O(admin_port)},
     {"admin_bind", OPT_STR, O(admin_bind)},
     {"model_root", OPT_STR, O(model_root)},
+    {"state_dir", OPT_STR, O(state_dir)},
 };
 #undef O
 
@@ -195,6 +196,7 @@ void srv_options_free(srv_options *o) {
     free(o->ssl_config_file);
     free(o->admin_bind);
     free(o->model_root);
+    free(o->state_dir);
     free(o->model_name);
     free(o->model_base_path);
     free(o->model_config_file);

@@ -45,6 +45,7 @@ typedef struct srv_options {
     int admin_port;                    /* --admin_port, 8502 (0: off; also off without an admin token) */
     char *admin_bind;                  /* --admin_bind, default 127.0.0.1 */
     char *model_root;                  /* --model_root: admin-added base paths must resolve inside it */
+    char *state_dir;                   /* --state_dir: admin changes kept in its SQLite file (NULL: not kept) */
 } srv_options;
 
 /* Parse `tensord serve` flags (argv[0] is "serve"). Accepts --flag=value and --flag value, booleans as

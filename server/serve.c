@@ -96,6 +96,22 @@ int srv_cmd_serve(int argc, char **argv) {
     }
     srv_registry_start(reg, o.file_system_poll_wait_seconds);
 
+    static srv_admin_ctx actx; /* large (the rollback history): not on the stack */
+    actx.reg = reg;
+    actx.model_root = o.model_root;
+    pthread_mutex_init(&actx.mu, NULL);
+    if (o.state_dir) { /* asked to keep admin changes: no state, no start */
+        if (adm_state_open(o.state_dir, &actx.state, &err) != SRV_OK || srv_admin_restore(&actx, &err) != SRV_OK) {
+            srv_log(SRV_LOG_ERROR, "state", NULL, 0, "--state_dir %s: %s", o.state_dir, err.msg);
+            adm_state_free(&actx.state);
+            srv_registry_free(&reg);
+            srv_metrics_free(&metrics);
+            free(metrics_path);
+            srv_options_free(&o);
+            return 1;
+        }
+    }
+
     srv_infer *inf = srv_infer_new(reg, metrics); /* the request path both front doors share */
     if (!inf) {
         srv_log(SRV_LOG_ERROR, "start", NULL, 0, "out of memory");
@@ -166,10 +182,6 @@ int srv_cmd_serve(int argc, char **argv) {
                     : "");
     }
 
-    static srv_admin_ctx actx; /* large (the rollback history): not on the stack */
-    actx.reg = reg;
-    actx.model_root = o.model_root;
-    pthread_mutex_init(&actx.mu, NULL);
     adm_server *admin = NULL;
     if (o.admin_port > 0 && !o.admin_token) {
         srv_log(SRV_LOG_INFO, "listen", NULL, 0, "admin API off: no admin token (--admin_token_file or TENSORD_ADMIN_TOKEN)");
@@ -236,6 +248,7 @@ int srv_cmd_serve(int argc, char **argv) {
     srv_infer_free(&inf); /* workers finish what they hold before the front doors stop */
     srv_rest_stop(&rest);
     srv_grpc_stop(&grpc);
+    adm_state_free(&actx.state);
     srv_registry_free(&reg);
     srv_metrics_free(&metrics);
     free(metrics_path);

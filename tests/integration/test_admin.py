@@ -251,3 +251,56 @@ def test_tensord_admin_command(admin, tmp_path):
     p = run("models", token_file=None)
     assert p.returncode == 2 and "no admin token" in p.stderr, p.stderr
     assert run("frobnicate").returncode == 2
+
+
+def test_restart_keeps_models_labels_and_routes(tmp_path):
+    """SIGTERM and start again with the same --state_dir: the models added, the labels and the traffic split (and
+    the promote history that rollback uses) are as before."""
+    state = tmp_path / "state"
+    state.mkdir()
+    base = str(tmp_path / "m")
+    for v in (1, 2):
+        u.write_version(base, v, u.version_model(v))
+    other = str(tmp_path / "other")
+    for v in (1, 2, 3):
+        u.write_version(other, v, u.version_model(v))
+
+    def start():
+        aport = u.free_port()
+        env = dict(os.environ, TENSORD_ADMIN_TOKEN=TOKEN)
+        s = u.Server(tmp_path, base_path=base, env=env, extra=[f"--admin_port={aport}", f"--state_dir={state}"])
+        return s, aport
+
+    srv, aport = start()
+    with srv:
+        assert _req(aport, "POST", "/v1/admin/models", json={"name": "other", "base_path": other,
+                                                              "version_policy": {"all": {}}}).status_code == 201
+        for label, v in (("stable", 1), ("canary", 3)):
+            assert _req(aport, "PUT", f"/v1/admin/models/other/labels/{label}", json={"version": v}).status_code == 200
+        assert _req(aport, "PUT", "/v1/admin/models/other/traffic",
+                    json={"routes": {"stable": 70, "canary": 30}, "sticky_header": "X-User-Id"}).status_code == 200
+        before = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"][0]
+    assert (state / "tensord-state.sqlite3").exists()
+    srv, aport = start()
+    with srv:
+        srv.wait_ready()
+        after = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"]
+        assert after, "the added model did not come back"
+        after = after[0]
+        assert after["labels"] == before["labels"] == {"stable": 1, "canary": 3}
+        assert after["traffic"] == before["traffic"]
+        assert after["version_policy"] == "all"
+        s = requests.Session()
+        got = [int(srv.post_json("/v1/models/other:predict", {"instances": [[0.0]]}, session=s).headers["X-Model-Version"])
+               for _ in range(300)]
+        assert set(got) == {1, 3} and abs(got.count(3) / 300 - 0.3) <= 0.05, got.count(3)
+        assert _req(aport, "POST", "/v1/admin/models/other:promote").status_code == 200
+    srv, aport = start()
+    with srv:  # the promote and its history survive too: rollback puts stable back to 1
+        srv.wait_ready()
+        m = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"][0]
+        assert m["labels"]["stable"] == 3 and m["traffic"]["routes"] == {"stable": 100}, m
+        r = _req(aport, "POST", "/v1/admin/models/other:rollback")
+        assert r.status_code == 200, r.text
+        m = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"][0]
+        assert m["labels"]["stable"] == 1, m
