@@ -15,6 +15,16 @@
 #include "json.h"
 #include "log.h"
 
+/* One admin change at a time, under the context's lock: two calls never interleave their read-change-apply. */
+#define ADMIN_LOCKED(ctx, call)                                                                                  \
+    ({                                                                                                           \
+        srv_admin_ctx *a_ = (ctx);                                                                               \
+        pthread_mutex_lock(&a_->mu);                                                                             \
+        srv_code rc_ = (call);                                                                                   \
+        pthread_mutex_unlock(&a_->mu);                                                                           \
+        rc_;                                                                                                     \
+    })
+
 static void cfgs_free(srv_model_config *c, int n) {
     for (int i = 0; i < n; i++) srv_model_config_free(&c[i]);
     free(c);
@@ -143,7 +153,7 @@ static srv_code check_root(const srv_admin_ctx *a, const char *base, srv_error *
     return SRV_OK;
 }
 
-static srv_code ops_add(void *ctx, const char *name, const char *base, const char *policy_text, srv_error *err) {
+static srv_code ops_add_locked(void *ctx, const char *name, const char *base, const char *policy_text, srv_error *err) {
     srv_admin_ctx *a = ctx;
     if (check_root(a, base, err) != SRV_OK) return err->code;
     srv_buf t = {0};
@@ -185,6 +195,10 @@ static srv_code ops_add(void *ctx, const char *name, const char *base, const cha
     return rc;
 }
 
+static srv_code ops_add(void *ctx, const char *name, const char *base, const char *policy_text, srv_error *err) {
+    return ADMIN_LOCKED(ctx, ops_add_locked(ctx, name, base, policy_text, err));
+}
+
 /* Change one model of the set with fn, then apply; NOT_FOUND when it is not served. */
 static srv_code change(srv_admin_ctx *a, const char *model, srv_code (*fn)(srv_model_config *m, const void *arg,
                                                                           srv_error *err),
@@ -208,7 +222,7 @@ static srv_code change(srv_admin_ctx *a, const char *model, srv_code (*fn)(srv_m
     return rc;
 }
 
-static srv_code ops_remove(void *ctx, const char *name, srv_error *err) {
+static srv_code ops_remove_locked(void *ctx, const char *name, srv_error *err) {
     srv_admin_ctx *a = ctx;
     srv_model_config *c = NULL;
     int n = 0;
@@ -229,6 +243,10 @@ static srv_code ops_remove(void *ctx, const char *name, srv_error *err) {
     if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", name, 0, "model removed");
     cfgs_free(c, n);
     return rc;
+}
+
+static srv_code ops_remove(void *ctx, const char *name, srv_error *err) {
+    return ADMIN_LOCKED(ctx, ops_remove_locked(ctx, name, err));
 }
 
 typedef struct label_arg {
@@ -254,11 +272,15 @@ static srv_code set_label_fn(srv_model_config *m, const void *arg, srv_error *er
     return SRV_OK;
 }
 
-static srv_code ops_set_label(void *ctx, const char *model, const char *label, int64_t version, srv_error *err) {
+static srv_code ops_set_label_locked(void *ctx, const char *model, const char *label, int64_t version, srv_error *err) {
     label_arg l = {label, version};
     srv_code rc = change(ctx, model, set_label_fn, &l, err);
     if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", model, version, "label '%s' -> version %lld", label, (long long)version);
     return rc;
+}
+
+static srv_code ops_set_label(void *ctx, const char *model, const char *label, int64_t version, srv_error *err) {
+    return ADMIN_LOCKED(ctx, ops_set_label_locked(ctx, model, label, version, err));
 }
 
 static srv_code set_traffic_fn(srv_model_config *m, const void *arg, srv_error *err) {
@@ -285,10 +307,14 @@ static srv_code set_traffic_fn(srv_model_config *m, const void *arg, srv_error *
     return SRV_OK;
 }
 
-static srv_code ops_set_traffic(void *ctx, const char *model, const adm_split *split, srv_error *err) {
+static srv_code ops_set_traffic_locked(void *ctx, const char *model, const adm_split *split, srv_error *err) {
     srv_code rc = change(ctx, model, set_traffic_fn, split, err);
     if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", model, 0, "traffic set: %d routes", split->n);
     return rc;
+}
+
+static srv_code ops_set_traffic(void *ctx, const char *model, const adm_split *split, srv_error *err) {
+    return ADMIN_LOCKED(ctx, ops_set_traffic_locked(ctx, model, split, err));
 }
 
 static srv_code ops_get_traffic(void *ctx, const char *model, char **json, srv_error *err) {
