@@ -180,6 +180,35 @@ bad:
     return -1;
 }
 
+int adm_auto_rollback(const struct cJSON *ar, adm_split *sp, srv_error *err) {
+    sp->ar_on = 0;
+    if (!ar || cJSON_IsNull(ar)) return 0;
+    if (!cJSON_IsObject(ar)) goto bad;
+    const cJSON *er = cJSON_GetObjectItemCaseSensitive(ar, "max_error_rate");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(ar, "max_p99_ratio");
+    const cJSON *ws = cJSON_GetObjectItemCaseSensitive(ar, "window_s");
+    const cJSON *mr = cJSON_GetObjectItemCaseSensitive(ar, "min_requests");
+    for (const cJSON *k = ar->child; k; k = k->next)
+        if (strcmp(k->string, "max_error_rate") && strcmp(k->string, "max_p99_ratio") && strcmp(k->string, "window_s") &&
+            strcmp(k->string, "min_requests"))
+            goto bad;
+    if ((er && (!cJSON_IsNumber(er) || er->valuedouble < 0 || er->valuedouble > 1)) ||
+        (pr && (!cJSON_IsNumber(pr) || pr->valuedouble < 1 || pr->valuedouble > 1000)) ||
+        (ws && (!cJSON_IsNumber(ws) || ws->valuedouble < 1 || ws->valuedouble > 120)) ||
+        (mr && (!cJSON_IsNumber(mr) || mr->valuedouble < 1 || mr->valuedouble > 1e9)) || (!er && !pr))
+        goto bad;
+    sp->ar_on = 1;
+    sp->max_error_rate = er ? er->valuedouble : 1.0;
+    sp->max_p99_ratio = pr ? pr->valuedouble : 0.0; /* 0: no latency rule */
+    sp->window_s = ws ? (int)ws->valuedouble : 30;
+    sp->min_requests = mr ? (int)mr->valuedouble : 200;
+    return 0;
+bad:
+    srv_err(err, SRV_INVALID_ARGUMENT, "auto_rollback takes {\"max_error_rate\": 0..1, \"max_p99_ratio\": 1..1000, "
+            "\"window_s\": 1..120, \"min_requests\": n} (at least one of the first two)");
+    return -1;
+}
+
 static enum MHD_Result adm_add(adm_server *s, struct MHD_Connection *c, const cJSON *b) {
     srv_error err = {0};
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(b, "name"), *base = cJSON_GetObjectItemCaseSensitive(b, "base_path");
@@ -202,9 +231,11 @@ static enum MHD_Result adm_traffic_put(adm_server *s, struct MHD_Connection *c, 
     const cJSON *sticky = cJSON_GetObjectItemCaseSensitive(b, "sticky_header");
     const cJSON *shadow = cJSON_GetObjectItemCaseSensitive(b, "shadow");
     for (const cJSON *k = b->child; k; k = k->next)
-        if (strcmp(k->string, "routes") && strcmp(k->string, "sticky_header") && strcmp(k->string, "shadow")) {
+        if (strcmp(k->string, "routes") && strcmp(k->string, "sticky_header") && strcmp(k->string, "shadow") &&
+            strcmp(k->string, "auto_rollback")) {
             char m[300];
-            snprintf(m, sizeof m, "traffic: unknown field '%.200s' (routes, sticky_header, shadow)", k->string);
+            snprintf(m, sizeof m, "traffic: unknown field '%.200s' (routes, sticky_header, shadow, auto_rollback)",
+                     k->string);
             return adm_error(c, 400, m);
         }
     if (!cJSON_IsObject(routes) || cJSON_GetArraySize(routes) > 64)
@@ -229,6 +260,11 @@ static enum MHD_Result adm_traffic_put(adm_server *s, struct MHD_Connection *c, 
         }
         sp.labels[sp.n] = r->string;
         sp.weights[sp.n++] = (int)r->valuedouble;
+    }
+    if (adm_auto_rollback(cJSON_GetObjectItemCaseSensitive(b, "auto_rollback"), &sp, &err) != 0) {
+        free(sp.labels);
+        free(sp.weights);
+        return adm_code(c, &err);
     }
     sp.sticky_header = cJSON_IsString(sticky) && *sticky->valuestring ? sticky->valuestring : NULL;
     sp.shadow = cJSON_IsString(shadow) && *shadow->valuestring ? shadow->valuestring : NULL;

@@ -10,7 +10,9 @@
  *   DELETE /v1/admin/models/{m}                    unload it (each version once its in-flight requests finish)
  *   PUT    /v1/admin/models/{m}/labels/{label}     {"version": n}: set or move a label (the version must be AVAILABLE)
  *   GET    /v1/admin/models/{m}/traffic            the model's routes
- *   PUT    /v1/admin/models/{m}/traffic            {"routes": {"stable": 90, "canary": 10}, "sticky_header"?, "shadow"?}
+ *   PUT    /v1/admin/models/{m}/traffic            {"routes": {"stable": 90, "canary": 10}, "sticky_header"?, "shadow"?,
+ *                                                  "auto_rollback"?: {"max_error_rate": 0.02, "max_p99_ratio": 2.0,
+ *                                                  "window_s": 30, "min_requests": 200}}
  *   POST   /v1/admin/models/{m}:promote            the canary (the one route beside "stable") becomes stable and takes
  *                                                  all traffic
  *   POST   /v1/admin/models/{m}:rollback           drop the canary route; after a promote, stable goes back to the
@@ -35,6 +37,9 @@ typedef struct adm_split {
     int *weights;
     const char *sticky_header; /* NULL: none */
     const char *shadow;        /* NULL: none */
+    int ar_on;                 /* "auto_rollback": {"max_error_rate", "max_p99_ratio", "window_s", "min_requests"} */
+    double max_error_rate, max_p99_ratio;
+    int window_s, min_requests;
 } adm_split;
 
 /* The calls server/ hands the admin room. JSON results are malloc'd text. */
@@ -65,6 +70,8 @@ adm_server *adm_start(const adm_opts *o, const adm_ops *ops, srv_error *err);
  * NULL: none) as a model_version_policy text-format fragment ("" for none). 0, or -1 with err. */
 struct cJSON;
 int adm_policy_text(const struct cJSON *policy, char *out, size_t cap, srv_error *err);
+/* An "auto_rollback" object into split's ar_* fields (NULL / null: off). 0, or -1 with err naming the field. */
+int adm_auto_rollback(const struct cJSON *ar, adm_split *split, srv_error *err);
 void adm_stop(adm_server **s);
 
 #endif

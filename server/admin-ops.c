@@ -7,13 +7,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
 #include "admin-ops.h"
 #include "config.h"
 #include "json.h"
+#include "canary.h"
 #include "log.h"
+#include "metrics.h"
 
 /* One admin change at a time, under the context's lock: two calls never interleave their read-change-apply. */
 #define ADMIN_LOCKED(ctx, call)                                                                                  \
@@ -40,7 +43,19 @@ static srv_code not_found(const char *model, srv_error *err) {
     return srv_err(err, SRV_NOT_FOUND, "model '%s' is not served", model);
 }
 
-static void traffic_json(srv_buf *b, const srv_model_config *m) {
+static void ar_json(srv_buf *b, const srv_model_config *m) {
+    if (!m->ar_on) {
+        srv_buf_puts(b, "null");
+        return;
+    }
+    srv_buf_printf(b, "{\"max_error_rate\":%g", m->ar_max_error_rate); /* 1: no error rule */
+    if (m->ar_max_p99_ratio > 0) srv_buf_printf(b, ",\"max_p99_ratio\":%g", m->ar_max_p99_ratio); /* absent: none */
+    srv_buf_printf(b, ",\"window_s\":%d,\"min_requests\":%d}", m->ar_window_s, m->ar_min_requests);
+}
+
+static srv_admin_hist *hist_of(srv_admin_ctx *a, const char *model, int create);
+
+static void traffic_json(srv_buf *b, srv_admin_ctx *a, const srv_model_config *m) {
     srv_buf_puts(b, "{\"routes\":{");
     for (int k = 0; k < m->nroutes; k++) {
         if (k) srv_buf_puts(b, ",");
@@ -53,6 +68,19 @@ static void traffic_json(srv_buf *b, const srv_model_config *m) {
     srv_buf_puts(b, ",\"shadow\":");
     if (m->shadow) srv_buf_json_str(b, m->shadow);
     else srv_buf_puts(b, "null");
+    srv_buf_puts(b, ",\"auto_rollback\":");
+    ar_json(b, m);
+    srv_buf_puts(b, ",\"last_auto_rollback\":");
+    pthread_mutex_lock(&a->rmu);
+    srv_admin_hist *h = hist_of(a, m->name, 0);
+    if (h && h->reason[0]) {
+        srv_buf_printf(b, "{\"unix_ms\":%lld,\"reason\":", (long long)h->reason_ms);
+        srv_buf_json_str(b, h->reason);
+        srv_buf_puts(b, "}");
+    } else {
+        srv_buf_puts(b, "null");
+    }
+    pthread_mutex_unlock(&a->rmu);
     srv_buf_puts(b, "}");
 }
 
@@ -84,8 +112,12 @@ static srv_code persist_model(srv_admin_ctx *a, const srv_model_config *m, int a
     adm_route *r = m->nroutes ? calloc((size_t)m->nroutes, sizeof *r) : NULL;
     if (m->nroutes && !r) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     for (int k = 0; k < m->nroutes; k++) r[k] = (adm_route){m->route_labels[k], m->route_weights[k]};
-    adm_traffic t = {.routes = r, .nroutes = m->nroutes, .sticky_header = m->sticky_header, .shadow = m->shadow};
+    srv_buf arb = {0};
+    if (m->ar_on) ar_json(&arb, m);
+    adm_traffic t = {.routes = r, .nroutes = m->nroutes, .sticky_header = m->sticky_header, .shadow = m->shadow,
+                     .json = arb.p};
     srv_code rc = adm_state_put_traffic(a->state, m->name, &t, err);
+    free(arb.p);
     free(r);
     return rc;
 }
@@ -126,7 +158,7 @@ static srv_code ops_list(void *ctx, char **json, srv_error *err) {
             }
         srv_status_free(st, ns);
         srv_buf_puts(&b, "],\"traffic\":");
-        traffic_json(&b, &c[i]);
+        traffic_json(&b, a, &c[i]);
         srv_buf_puts(&b, "}");
     }
     srv_buf_puts(&b, "]}");
@@ -304,6 +336,11 @@ static srv_code set_traffic_fn(srv_model_config *m, const void *arg, srv_error *
     if (s->sticky_header && !(m->sticky_header = strdup(s->sticky_header)))
         return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     if (s->shadow && !(m->shadow = strdup(s->shadow))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    m->ar_on = s->ar_on;
+    m->ar_max_error_rate = s->max_error_rate;
+    m->ar_max_p99_ratio = s->max_p99_ratio;
+    m->ar_window_s = s->window_s;
+    m->ar_min_requests = s->min_requests;
     return SRV_OK;
 }
 
@@ -326,7 +363,7 @@ static srv_code ops_get_traffic(void *ctx, const char *model, char **json, srv_e
     srv_code rc = i < 0 ? not_found(model, err) : SRV_OK;
     if (rc == SRV_OK) {
         srv_buf b = {0};
-        traffic_json(&b, &c[i]);
+        traffic_json(&b, a, &c[i]);
         if (b.oom) {
             free(b.p);
             rc = srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
@@ -378,7 +415,9 @@ static srv_code flip_fn(srv_model_config *m, const void *arg, srv_error *err) {
     if (f->stable_to > 0) m->label_versions[s] = f->stable_to;
     char *one[1] = {"stable"};
     int w[1] = {100};
-    adm_split sp = {.n = 1, .labels = one, .weights = w, .sticky_header = m->sticky_header, .shadow = NULL};
+    adm_split sp = {.n = 1, .labels = one, .weights = w, .sticky_header = m->sticky_header, .shadow = NULL,
+                    .ar_on = m->ar_on, .max_error_rate = m->ar_max_error_rate, .max_p99_ratio = m->ar_max_p99_ratio,
+                    .window_s = m->ar_window_s, .min_requests = m->ar_min_requests};
     char *sticky = m->sticky_header ? strdup(m->sticky_header) : NULL;
     sp.sticky_header = sticky;
     srv_code rc = set_traffic_fn(m, &sp, err);
@@ -483,6 +522,10 @@ static srv_code restore_one(srv_model_config *m, const adm_model_rec *r, srv_err
         for (int k = 0; k < r->traffic.nroutes; k++) labels[k] = r->traffic.routes[k].label, w[k] = r->traffic.routes[k].weight;
         adm_split sp = {.n = r->traffic.nroutes, .labels = labels, .weights = w, .sticky_header = r->traffic.sticky_header,
                         .shadow = r->traffic.shadow};
+        cJSON *arj = r->traffic.json ? cJSON_Parse(r->traffic.json) : NULL;
+        srv_error ae = {0};
+        if (arj && adm_auto_rollback(arj, &sp, &ae) != 0) sp.ar_on = 0;
+        cJSON_Delete(arj);
         srv_code rc = set_traffic_fn(m, &sp, err);
         free(labels);
         free(w);
@@ -571,4 +614,99 @@ srv_code srv_admin_restore(srv_admin_ctx *a, srv_error *err) {
     free(all);
     free(c); /* its entries moved into all */
     return rc;
+}
+
+/* ---- automatic rollback ---- */
+
+/* One look at every model with auto_rollback and a canary route: drop the route when the canary crossed a line. */
+static void monitor_tick(srv_admin_ctx *a) {
+    srv_model_config *c = NULL;
+    int n = 0;
+    srv_error err = {0};
+    if (srv_registry_get_config(a->reg, &c, &n, &err) != SRV_OK) return;
+    for (int i = 0; i < n; i++) {
+        const srv_model_config *m = &c[i];
+        int k = m->ar_on ? canary_route(m) : -1;
+        if (k < 0) continue;
+        const char *canary = m->route_labels[k];
+        srv_canary_stats cs = srv_canary_window(a->canary, m->name, canary, m->ar_window_s);
+        srv_canary_stats ss = srv_canary_window(a->canary, m->name, "stable", m->ar_window_s);
+        if (cs.requests < m->ar_min_requests) continue;
+        char why[512] = "";
+        double er = (double)cs.errors / (double)cs.requests;
+        if (er > m->ar_max_error_rate)
+            snprintf(why, sizeof why, "canary '%s' failed %lld of %lld requests (%.1f%%) in the last %d s, over the %.1f%% "
+                     "limit", canary, (long long)cs.errors, (long long)cs.requests, 100 * er, m->ar_window_s,
+                     100 * m->ar_max_error_rate);
+        else if (m->ar_max_p99_ratio > 0 && ss.p99_us > 0 && ss.requests >= 10 &&
+                 (double)cs.p99_us > m->ar_max_p99_ratio * (double)ss.p99_us)
+            snprintf(why, sizeof why, "canary '%s' p99 latency %lld us is %.1fx stable's %lld us in the last %d s, over "
+                     "the %gx limit", canary, (long long)cs.p99_us, (double)cs.p99_us / (double)ss.p99_us,
+                     (long long)ss.p99_us, m->ar_window_s, m->ar_max_p99_ratio);
+        if (!why[0]) continue;
+        pthread_mutex_lock(&a->mu);
+        flip_arg f = {0};
+        srv_code rc = change(a, m->name, flip_fn, &f, &err);
+        if (rc == SRV_OK) {
+            pthread_mutex_lock(&a->rmu);
+            srv_admin_hist *h = hist_of(a, m->name, 1);
+            if (h) {
+                snprintf(h->reason, sizeof h->reason, "%s", why);
+                h->reason_ms = srv_now_us() / 1000;
+            }
+            pthread_mutex_unlock(&a->rmu);
+            srv_buf d = {0};
+            srv_buf_puts(&d, "{\"reason\":");
+            srv_buf_json_str(&d, why);
+            srv_buf_puts(&d, "}");
+            persist_event(a, m->name, "auto_rollback", d.p);
+            free(d.p);
+            int li = label_index(m, canary);
+            srv_metrics_swap(a->m, m->name, li >= 0 ? m->label_versions[li] : 0, "auto_rollback");
+            srv_canary_reset(a->canary, m->name, canary);
+            srv_log(SRV_LOG_WARN, "auto_rollback", m->name, li >= 0 ? m->label_versions[li] : 0, "%s: all traffic back "
+                    "to stable", why);
+        } else {
+            srv_log(SRV_LOG_ERROR, "auto_rollback", m->name, 0, "could not roll back: %s", err.msg);
+        }
+        pthread_mutex_unlock(&a->mu);
+    }
+    cfgs_free(c, n);
+}
+
+static void *monitor_main(void *arg) {
+    srv_admin_ctx *a = arg;
+    pthread_mutex_lock(&a->rmu);
+    while (!a->mon_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250 * 1000000L; /* four looks a second */
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&a->mon_cv, &a->rmu, &ts);
+        if (a->mon_stop) break;
+        pthread_mutex_unlock(&a->rmu);
+        monitor_tick(a);
+        pthread_mutex_lock(&a->rmu);
+    }
+    pthread_mutex_unlock(&a->rmu);
+    return NULL;
+}
+
+int srv_admin_monitor_start(srv_admin_ctx *a, struct srv_canary *canary, srv_metrics *m) {
+    a->canary = canary;
+    a->m = m;
+    pthread_mutex_init(&a->rmu, NULL);
+    pthread_cond_init(&a->mon_cv, NULL);
+    a->mon_on = pthread_create(&a->mon, NULL, monitor_main, a) == 0;
+    return a->mon_on ? 0 : -1;
+}
+
+void srv_admin_monitor_stop(srv_admin_ctx *a) {
+    if (!a->mon_on) return;
+    pthread_mutex_lock(&a->rmu);
+    a->mon_stop = 1;
+    pthread_cond_broadcast(&a->mon_cv);
+    pthread_mutex_unlock(&a->rmu);
+    pthread_join(a->mon, NULL);
+    a->mon_on = 0;
 }

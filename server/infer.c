@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "canary.h"
 #include "codec.h"
 
 struct srv_infer {
@@ -32,6 +33,7 @@ struct srv_infer {
     srv_work *tracked;
     struct srv_lane *lanes;     /* under mu */
     atomic_int shadows;         /* shadow copies waiting or running */
+    srv_canary *canary;         /* outcomes of routed requests, per (model, label) */
 };
 
 /* The unbatched requests of one version that go to the pool: at most its instance count run (each on a worker,
@@ -91,6 +93,7 @@ static srv_version *srv_infer_route(srv_infer *inf, srv_infer_req *rq, const srv
             srv_version *v = srv_registry_acquire(inf->reg, rq->model, 0, label, err);
             if (v) {
                 rq->label = label;
+                rq->routed = 1;
                 return v;
             }
             shadow[0] = '\0';
@@ -156,8 +159,11 @@ static void srv_infer_record(srv_infer *inf, const srv_infer_req *rq, const srv_
     const char *label = !rq->label ? NULL
                         : served || srv_registry_has_label(inf->reg, rq->model, rq->label) ? rq->label
                                                                                             : "unknown";
-    srv_metrics_infer(inf->m, model, served ? info->version : 0, label, rq->api, rq->protocol, code,
-                      srv_metrics_clock_ns() - rq->t0_us * 1000, served ? tm : NULL);
+    int64_t latency_ns = srv_metrics_clock_ns() - rq->t0_us * 1000;
+    srv_metrics_infer(inf->m, model, served ? info->version : 0, label, rq->api, rq->protocol, code, latency_ns,
+                      served ? tm : NULL);
+    if (rq->routed && served && code != SRV_CANCELLED) /* a client that went away says nothing about the version */
+        srv_canary_observe(inf->canary, rq->model, rq->label, code == SRV_OK, latency_ns / 1000);
 }
 
 /* ---- the second half of a request ---- */
@@ -397,11 +403,17 @@ int srv_infer_cut_off(srv_infer *inf, const char *why) {
 
 /* ---- life cycle ---- */
 
+srv_canary *srv_infer_canary(srv_infer *inf) { return inf ? inf->canary : NULL; }
+
 srv_infer *srv_infer_new(srv_registry *reg, srv_metrics *m) {
     srv_infer *inf = calloc(1, sizeof *inf);
     if (!inf) return NULL;
     inf->reg = reg;
     inf->m = m;
+    if (!(inf->canary = srv_canary_new())) {
+        free(inf);
+        return NULL;
+    }
     pthread_mutex_init(&inf->mu, NULL);
     pthread_cond_init(&inf->work, NULL);
     pthread_cond_init(&inf->idle, NULL);
@@ -421,6 +433,7 @@ void srv_infer_free(srv_infer **p) {
     pthread_cond_destroy(&inf->work);
     pthread_cond_destroy(&inf->idle);
     pthread_mutex_destroy(&inf->dmu);
+    srv_canary_free(&inf->canary);
     free(inf);
     *p = NULL;
 }

@@ -29,6 +29,8 @@
 typedef struct srv_infer srv_infer;
 
 srv_infer *srv_infer_new(srv_registry *reg, srv_metrics *m);
+/* The per-route outcome windows of routed requests (canary.h), for automatic rollback. */
+struct srv_canary *srv_infer_canary(srv_infer *inf);
 /* Workers finish what they hold, then stop; sets *p NULL. */
 void srv_infer_free(srv_infer **p);
 
@@ -43,6 +45,7 @@ typedef struct srv_infer_req {
     int64_t t0_us;         /* arrival (srv_now_us) */
     int64_t deadline_us;   /* 0: none */
     int may_block;         /* 0: the caller's thread must stay responsive; slow work goes elsewhere */
+    int routed;            /* set by the path: the traffic router chose label (its outcome feeds the canary window) */
     const atomic_int *cancel; /* may be NULL; non-zero once the client is gone (a cancelled gRPC call): a request
                                * still queued (batcher, worker pool) then ends CANCELLED without running */
 } srv_infer_req;

@@ -64,6 +64,11 @@ static int cfg_copy(srv_model_config *d, const srv_model_config *s) {
     d->policy = s->policy;
     d->latest_n = s->latest_n > 0 ? s->latest_n : 1;
     d->instance_count = s->instance_count;
+    d->ar_on = s->ar_on;
+    d->ar_max_error_rate = s->ar_max_error_rate;
+    d->ar_max_p99_ratio = s->ar_max_p99_ratio;
+    d->ar_window_s = s->ar_window_s;
+    d->ar_min_requests = s->ar_min_requests;
     d->name = dupz(s->name);
     d->base_path = dupz(s->base_path);
     d->platform = dupz(s->platform);

@@ -60,6 +60,12 @@ typedef struct srv_model_config {
     int *route_weights;
     char *sticky_header;
     char *shadow;
+    /* Automatic rollback of the canary (the one route beside "stable"): when over the last ar_window_s seconds it
+     * answered at least ar_min_requests routed requests and its error share exceeds ar_max_error_rate, or its p99
+     * latency exceeds ar_max_p99_ratio x stable's, its route is dropped (server/admin-ops.c's monitor). */
+    int ar_on;
+    double ar_max_error_rate, ar_max_p99_ratio;
+    int ar_window_s, ar_min_requests;
 } srv_model_config;
 #define SRV_MAX_INSTANCES 64
 void srv_model_config_free(srv_model_config *c); /* frees contents */

@@ -182,6 +182,8 @@ int srv_cmd_serve(int argc, char **argv) {
                     : "");
     }
 
+    if (srv_admin_monitor_start(&actx, srv_infer_canary(inf), metrics) != 0)
+        srv_log(SRV_LOG_ERROR, "start", NULL, 0, "the automatic-rollback monitor did not start");
     adm_server *admin = NULL;
     if (o.admin_port > 0 && !o.admin_token) {
         srv_log(SRV_LOG_INFO, "listen", NULL, 0, "admin API off: no admin token (--admin_token_file or TENSORD_ADMIN_TOKEN)");
@@ -215,6 +217,7 @@ int srv_cmd_serve(int argc, char **argv) {
         break;
     }
     adm_stop(&admin); /* no admin changes while draining */
+    srv_admin_monitor_stop(&actx);
     srv_rest_quiesce(rest);
     srv_grpc_quiesce(grpc);
     srv_log(SRV_LOG_INFO, "drain", NULL, 0, "signal %d: draining in-flight requests (up to %g s)", sig, o.drain_seconds);

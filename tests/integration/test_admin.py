@@ -241,7 +241,8 @@ def test_tensord_admin_command(admin, tmp_path):
     p = run("traffic", "cli", "--routes", "stable=90,canary=10", "--sticky", "X-User-Id")
     assert p.returncode == 0, p.stderr
     shown = json.loads(run("traffic", "cli").stdout)
-    assert shown == {"routes": {"stable": 90, "canary": 10}, "sticky_header": "X-User-Id", "shadow": None}, shown
+    assert shown == {"routes": {"stable": 90, "canary": 10}, "sticky_header": "X-User-Id", "shadow": None,
+                     "auto_rollback": None, "last_auto_rollback": None}, shown
     p = run("promote", "cli")
     assert p.returncode == 0 and json.loads(p.stdout)["routes"] == {"stable": 100}, p.stderr
     assert run("rollback", "cli").returncode == 0
@@ -278,7 +279,9 @@ def test_restart_keeps_models_labels_and_routes(tmp_path):
         for label, v in (("stable", 1), ("canary", 3)):
             assert _req(aport, "PUT", f"/v1/admin/models/other/labels/{label}", json={"version": v}).status_code == 200
         assert _req(aport, "PUT", "/v1/admin/models/other/traffic",
-                    json={"routes": {"stable": 70, "canary": 30}, "sticky_header": "X-User-Id"}).status_code == 200
+                    json={"routes": {"stable": 70, "canary": 30}, "sticky_header": "X-User-Id",
+                          "auto_rollback": {"max_error_rate": 0.05, "window_s": 20,
+                                            "min_requests": 1000000}}).status_code == 200
         before = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"][0]
     assert (state / "tensord-state.sqlite3").exists()
     srv, aport = start()
@@ -288,7 +291,7 @@ def test_restart_keeps_models_labels_and_routes(tmp_path):
         assert after, "the added model did not come back"
         after = after[0]
         assert after["labels"] == before["labels"] == {"stable": 1, "canary": 3}
-        assert after["traffic"] == before["traffic"]
+        assert after["traffic"] == before["traffic"] and after["traffic"]["auto_rollback"]["window_s"] == 20
         assert after["version_policy"] == "all"
         s = requests.Session()
         got = [int(srv.post_json("/v1/models/other:predict", {"instances": [[0.0]]}, session=s).headers["X-Model-Version"])
@@ -304,3 +307,76 @@ def test_restart_keeps_models_labels_and_routes(tmp_path):
         assert r.status_code == 200, r.text
         m = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"][0]
         assert m["labels"]["stable"] == 1, m
+
+
+def _slow_model(layers=24, d=384, seed=3):
+    """The signature of serving_util.version_model (x [N,1] -> y [N,1]) but many matrix products slower."""
+    import numpy as np
+    from onnx import helper
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("MatMul", ["x", "w_in"], ["h0"])]
+    inits = [("w_in", rng.standard_normal((1, d)).astype(np.float32) * 0.1)]
+    for i in range(layers):
+        nodes.append(helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"t{i}"]))
+        nodes.append(helper.make_node("Tanh", [f"t{i}"], [f"h{i + 1}"]))
+        inits.append((f"w{i}", rng.standard_normal((d, d)).astype(np.float32) * (1.0 / d ** 0.5)))
+    nodes.append(helper.make_node("MatMul", [f"h{layers}", "w_out"], ["y"]))
+    inits.append(("w_out", rng.standard_normal((d, 1)).astype(np.float32) * 0.1))
+    return u._model(nodes, [("x", ["N", 1])], [("y", ["N", 1])], inits)
+
+
+def test_automatic_rollback_of_a_slow_canary(tmp_path):
+    import threading
+    import time
+    base = str(tmp_path / "m")
+    u.write_version(base, 1, u.version_model(1))
+    u.write_version(base, 2, _slow_model())
+    cfg = str(tmp_path / "models.config")
+    u.write_text(cfg, u.model_config_text([{"name": "m", "base_path": base, "policy": "all",
+                                           "labels": {"stable": 1, "canary": 2}}]))
+    aport = u.free_port()
+    env = dict(os.environ, TENSORD_ADMIN_TOKEN=TOKEN)
+    with u.Server(tmp_path, config_file=cfg, env=env, extra=[f"--admin_port={aport}"]) as srv:
+        r = _req(aport, "PUT", "/v1/admin/models/m/traffic",
+                 json={"routes": {"stable": 50, "canary": 50},
+                       "auto_rollback": {"max_p99_ratio": 3.0, "window_s": 10, "min_requests": 20}})
+        assert r.status_code == 200, r.text
+        assert r.json()["auto_rollback"]["max_p99_ratio"] == 3.0
+        failures, seen = [], []
+        stop = threading.Event()
+
+        def load():
+            s = requests.Session()
+            while not stop.is_set():
+                r = srv.post_json("/v1/models/m:predict", {"instances": [[0.5]]}, session=s)
+                if r.status_code != 200:
+                    failures.append((r.status_code, r.text))
+                else:
+                    seen.append((time.monotonic(), int(r.headers["X-Model-Version"])))
+
+        threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        end, traffic = time.monotonic() + 40, None
+        try:
+            while time.monotonic() < end:
+                traffic = _req(aport, "GET", "/v1/admin/models/m/traffic").json()
+                if traffic["routes"] == {"stable": 100}:
+                    break
+                time.sleep(0.2)
+            rolled = time.monotonic()
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        assert traffic and traffic["routes"] == {"stable": 100}, f"no automatic rollback within 40 s: {traffic}"
+        why = traffic["last_auto_rollback"]["reason"]
+        assert "p99" in why and "canary" in why, why
+        assert any(v == 2 for _, v in seen), "the canary never answered: the test proved nothing"
+        assert all(v == 1 for t, v in seen if t > rolled + 0.5), "requests still reached the canary after the rollback"
+        assert not failures, failures[:5]
+        assert "auto_rollback" in srv.stderr()
+        text = srv.get("/monitoring/prometheus/metrics").text
+        assert u.metric_samples(text, "tensord_model_swap_count", model="m", event="auto_rollback"), \
+            "the rollback is not counted in metrics"
