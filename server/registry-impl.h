@@ -93,6 +93,7 @@ struct srv_registry {
     pthread_cond_t live_cv, thr_cv, load_cv;
     reg_model **models;
     int nmodels;
+    atomic_int routed_models; /* models with traffic routes: 0 lets the request path skip the router unlocked */
     uint64_t next_gen, next_id;
     int live;
     /* loads (under mu) */

@@ -539,6 +539,9 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
     free(r->models);
     r->models = nm;
     r->nmodels = n;
+    int routed = 0;
+    for (int i = 0; i < n; i++) routed += nm[i]->cfg.nroutes > 0;
+    atomic_store(&r->routed_models, routed);
     c = check_labels(r, cp, n, err);
     pthread_mutex_unlock(&r->mu);
     reg_notes_flush(&ns);
@@ -753,6 +756,7 @@ srv_code srv_registry_check_available(srv_registry *reg, const srv_model_config 
 /* ---- the traffic router ---- */
 
 int srv_registry_sticky_header(srv_registry *r, const char *model, char *buf, size_t cap) {
+    if (atomic_load(&r->routed_models) == 0) return 0;
     pthread_mutex_lock(&r->mu);
     reg_model *m = model ? reg_find_model(r, model) : NULL;
     int has = m && m->cfg.nroutes > 0 && m->cfg.sticky_header;
@@ -772,6 +776,7 @@ static uint64_t route_hash(const char *s) { /* FNV-1a, then a 64-bit finaliser s
 
 int srv_registry_route(srv_registry *r, const char *model, const char *sticky, char *label, size_t cap, char *shadow,
                        size_t scap) {
+    if (atomic_load(&r->routed_models) == 0) return 0; /* the common case: no model routes, no lock */
     pthread_mutex_lock(&r->mu);
     reg_model *m = model ? reg_find_model(r, model) : NULL;
     int routed = m && m->cfg.nroutes > 0;
