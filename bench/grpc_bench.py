@@ -352,8 +352,7 @@ def mlserver_defaults(venv):
     return venv_py(venv, code) or "?"
 
 
-def fmt(x, nd=0):
-    return "n/a" if x is None else f"{x:,.{nd}f}"
+fmt = serve_bench.fmt
 
 
 def main():

@@ -187,10 +187,7 @@ void srv_grpc_reply(srv_grpc_call *c, srv_code code, const char *msg, const Prot
 }
 
 void srv_grpc_record(srv_grpc_call *c, const char *model, int64_t version, const char *api, srv_code code) {
-    srv_registry *reg = c->g->reg;
-    const char *m = model && *model && (version > 0 || (code != SRV_NOT_FOUND && srv_registry_has_model(reg, model)))
-                        ? model
-                        : "";
+    const char *m = srv_registry_metrics_model(c->g->reg, model, version > 0, code);
     srv_metrics_request(c->g->m, m, version, NULL, api, "grpc", code, srv_now_us() - c->t0_us);
 }
 

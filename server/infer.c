@@ -154,8 +154,7 @@ static void srv_infer_shadow(srv_infer *inf, const srv_infer_req *rq, const char
 static void srv_infer_record(srv_infer *inf, const srv_infer_req *rq, const srv_version_info *info, srv_code code,
                              const srv_infer_times *tm) {
     int served = info != NULL;
-    const char *model =
-        served || (code != SRV_NOT_FOUND && srv_registry_has_model(inf->reg, rq->model)) ? rq->model : "";
+    const char *model = srv_registry_metrics_model(inf->reg, rq->model, served, code);
     const char *label = !rq->label ? NULL
                         : served || srv_registry_has_label(inf->reg, rq->model, rq->label) ? rq->label
                                                                                             : "unknown";

@@ -699,6 +699,11 @@ int srv_registry_ready(srv_registry *r) {
     return ready;
 }
 
+const char *srv_registry_metrics_model(srv_registry *r, const char *model, int served, srv_code code) {
+    if (!model || !*model) return "";
+    return served || (code != SRV_NOT_FOUND && srv_registry_has_model(r, model)) ? model : "";
+}
+
 int srv_registry_has_model(srv_registry *r, const char *model) {
     pthread_mutex_lock(&r->mu);
     int has = model && reg_find_model(r, model) != NULL;

@@ -207,6 +207,10 @@ int srv_registry_sticky_header(srv_registry *r, const char *model, char *buf, si
 int srv_registry_route(srv_registry *r, const char *model, const char *sticky, char *label, size_t cap, char *shadow,
                        size_t scap);
 
+/* The model name metrics may record for a request (client names never become label values): model when a version
+ * served it (served) or when it is configured and the request did not fail NOT_FOUND, else "". */
+const char *srv_registry_metrics_model(srv_registry *r, const char *model, int served, srv_code code);
+
 /* 1 if label is one of the model's configured version labels (metrics record only those by name). */
 int srv_registry_has_label(srv_registry *r, const char *model, const char *label);
 /* The batching options every version runs with, NULL when batching is off (fixed at srv_registry_new). */

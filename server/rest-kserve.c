@@ -67,17 +67,12 @@ static void srv_kserve_io(srv_buf *b, const srv_io *io, int n) {
     }
 }
 
-/* The model name metrics may show for a request no version served: a configured model's, else "". */
-static const char *srv_kserve_known(const srv_rest_req *q, const char *model, srv_code code) {
-    return code != SRV_NOT_FOUND && srv_registry_has_model(q->r->reg, model) ? model : "";
-}
-
 static void srv_kserve_metadata(const srv_rest_req *q, const char *model, int64_t version, srv_reply *o) {
     srv_error err = {0};
     srv_version *v = srv_registry_acquire(q->r->reg, model, version, NULL, &err);
     if (!v) {
         srv_reply_code(o, &err);
-        srv_metrics_request(q->r->m, srv_kserve_known(q, model, err.code), 0, NULL, "metadata", "rest", err.code,
+        srv_metrics_request(q->r->m, srv_registry_metrics_model(q->r->reg, model, 0, err.code), 0, NULL, "metadata", "rest", err.code,
                             srv_now_us() - q->t0_us);
         return;
     }
@@ -196,7 +191,7 @@ static void srv_kserve_infer(const srv_rest_req *q, const char *model, int64_t v
         srv_error err = {0};
         srv_err(&err, SRV_INVALID_ARGUMENT, "bad Inference-Header-Content-Length '%.32s' for a body of %zu bytes",
                 q->header_len, q->len);
-        srv_metrics_infer(q->r->m, srv_kserve_known(q, model, err.code), 0, NULL, "infer", "rest", err.code,
+        srv_metrics_infer(q->r->m, srv_registry_metrics_model(q->r->reg, model, 0, err.code), 0, NULL, "infer", "rest", err.code,
                           srv_metrics_clock_ns() - q->t0_us * 1000, NULL);
         srv_reply_code(o, &err);
         return;

@@ -87,16 +87,11 @@ static const char *srv_tfs_label(const srv_rest_req *q, const srv_tfs_route *rt,
     return served || srv_registry_has_label(q->r->reg, rt->model, rt->label) ? rt->label : "unknown";
 }
 
-/* The model metrics may show: a name that matched nothing is not recorded verbatim (clients choose it). */
-static const char *srv_tfs_model(const srv_rest_req *q, const srv_tfs_route *rt, int served, srv_code code) {
-    return served || (code != SRV_NOT_FOUND && srv_registry_has_model(q->r->reg, rt->model)) ? rt->model : "";
-}
-
 /* A non-inference request: version > 0 is the version that served it (0: none). */
 static void srv_tfs_record(const srv_rest_req *q, const srv_tfs_route *rt, int64_t version, const char *api,
                            srv_code code) {
     int served = version > 0 || code == SRV_OK;
-    const char *model = srv_tfs_model(q, rt, served, code);
+    const char *model = srv_registry_metrics_model(q->r->reg, rt->model, served, code);
     srv_metrics_request(q->r->m, model, version, srv_tfs_label(q, rt, served), api, "rest", code, srv_now_us() - q->t0_us);
 }
 

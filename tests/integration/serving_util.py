@@ -376,6 +376,31 @@ def engine_stats(s, model, version=1):
     return st["compute_infer"]["ns"] / 1e9, st["queue"]["ns"] / 1e9
 
 
+def timed_pair(s, model, call, join_s=150):
+    """Run call(0) and call(1) at once (two threads released together) against version 1 of model.
+    -> (window s from the first start to the last end, engine s, queue s from the version's statistics, results)."""
+    import threading
+    infer0, queue0 = engine_stats(s, model)
+    go = threading.Barrier(2)
+    res = [None, None]
+
+    def one(i):
+        go.wait(timeout=30)
+        t0 = time.monotonic()
+        out = call(i)
+        res[i] = (t0, time.monotonic(), out)
+
+    ths = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(timeout=join_s)
+    assert all(not t.is_alive() for t in ths), "client threads hung"
+    infer1, queue1 = engine_stats(s, model)
+    window = max(e for _, e, _ in res) - min(b for b, _, _ in res)
+    return window, infer1 - infer0, queue1 - queue0, [o for _, _, o in res]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # models
 

@@ -1010,31 +1010,18 @@ TARGET_S = 0.7
 
 def grpc_pair(s, stubs, model, x):
     """Two copies of a Predict at once over gRPC -> (window s, summed engine s, summed queue s, outputs)."""
-    infer0, queue0 = u.engine_stats(s, model)
-    go = threading.Barrier(2)
-    res = [None, None]
     req = predict_req(model, {"x": x})
 
     def one(i):
-        go.wait(timeout=30)
-        t0 = time.monotonic()
         try:
-            out = tf.make_ndarray(stubs[i].predict.Predict(req, timeout=120).outputs["y"])
+            return tf.make_ndarray(stubs[i].predict.Predict(req, timeout=120).outputs["y"])
         except grpc.RpcError as e:
-            out = e
-        res[i] = (t0, time.monotonic(), out)
+            return e
 
-    ths = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(2)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(timeout=150)
-    assert all(not t.is_alive() for t in ths), "client threads hung"
-    for _, _, out in res:
+    window, infer, queue, outs = u.timed_pair(s, model, one)
+    for out in outs:
         assert not isinstance(out, grpc.RpcError), f"{out.code().name}: {out.details()}"
-    infer1, queue1 = u.engine_stats(s, model)
-    window = max(e for _, e, _ in res) - min(b for b, _, _ in res)
-    return window, infer1 - infer0, queue1 - queue0, [o for _, _, o in res]
+    return window, infer, queue, outs
 
 
 def test_two_instances_overlap_two_slow_grpc_requests(tmp_path):

@@ -41,27 +41,11 @@ def calibrate_rows(s, model, target):
 
 def pair(s, model, body):
     """Send two copies of body to model at once. -> (window s, summed engine s, summed queue s, replies)."""
-    infer0, queue0 = u.engine_stats(s, model)
-    go = threading.Barrier(2)
-    res = [None, None]
-
-    def one(i):
-        go.wait(timeout=30)
-        t0 = time.monotonic()
-        r = s.post_json(f"/v1/models/{model}:predict", body, timeout=120)
-        res[i] = (t0, time.monotonic(), r)
-
-    ths = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(2)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(timeout=150)
-    assert all(not t.is_alive() for t in ths), "client threads hung"
-    for _, _, r in res:
+    window, infer, queue, res = u.timed_pair(s, model,
+                                             lambda i: s.post_json(f"/v1/models/{model}:predict", body, timeout=120))
+    for r in res:
         assert r.status_code == 200, r.text[:300]
-    infer1, queue1 = u.engine_stats(s, model)
-    window = max(e for _, e, _ in res) - min(b for b, _, _ in res)
-    return window, infer1 - infer0, queue1 - queue0, res
+    return window, infer, queue, res
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +93,7 @@ def test_two_instances_run_two_slow_requests_at_once(srv, slow):
         pytest.fail(f"two slow requests to a version with 2 instances did not overlap ({srv.rows} rows each): "
                     f"{tries}\n{srv.describe()}")
     want = u.ort_run(slow, {"x": x})["y"]
-    for _, _, r in res:
+    for r in res:
         u.assert_close(np.array(r.json()["predictions"]), want, "slow model on 2 instances")
 
 
