@@ -31,11 +31,11 @@
 
 enum {
     ST_BEGIN, ST_BEGIN_READ, ST_COMMIT, ST_ROLLBACK,
-    ST_TABLES, ST_SCHEMA_GET, ST_SCHEMA_SET,
-    ST_MODEL_PUT, ST_MODEL_ENSURE, ST_MODEL_DELETE, ST_MODEL_GC,
+    ST_TABLES, ST_SCHEMA_GET, ST_SCHEMA_SET, ST_SCHEMA_UPDATE,
+    ST_MODEL_PUT, ST_MODEL_ENSURE, ST_MODEL_DELETE, ST_MODEL_GC, ST_REMOVED_PUT, ST_REMOVED_DELETE,
     ST_LABEL_PUT, ST_LABEL_DELETE,
     ST_TRAFFIC_DELETE, ST_TRAFFIC_PUT, ST_ROUTE_PUT,
-    ST_EVENT_ADD, ST_EVENTS,
+    ST_EVENT_ADD, ST_EVENT_PRUNE, ST_EVENTS,
     ST_LOAD_MODELS, ST_LOAD_LABELS, ST_LOAD_TRAFFIC, ST_LOAD_ROUTES,
     ST_N
 };
@@ -49,6 +49,9 @@ static const char *const stmt_sql[ST_N] = {
                   "ORDER BY name",
     [ST_SCHEMA_GET] = "SELECT version FROM schema_version",
     [ST_SCHEMA_SET] = "INSERT INTO schema_version(version) VALUES (?1)",
+    [ST_SCHEMA_UPDATE] = "UPDATE schema_version SET version = ?1",
+    [ST_REMOVED_PUT] = "INSERT OR IGNORE INTO removed(name) VALUES (?1)",
+    [ST_REMOVED_DELETE] = "DELETE FROM removed WHERE name = ?1",
     [ST_MODEL_PUT] = "INSERT INTO models(name, base_path, policy_json, added) VALUES (?1, ?2, ?3, 1) "
                      "ON CONFLICT(name) DO UPDATE SET base_path = excluded.base_path, "
                      "policy_json = excluded.policy_json, added = 1",
@@ -64,8 +67,11 @@ static const char *const stmt_sql[ST_N] = {
     [ST_TRAFFIC_PUT] = "INSERT INTO traffic(model, sticky_header, shadow, settings_json) VALUES (?1, ?2, ?3, ?4)",
     [ST_ROUTE_PUT] = "INSERT INTO routes(model, pos, label, weight) VALUES (?1, ?2, ?3, ?4)",
     [ST_EVENT_ADD] = "INSERT INTO events(model, unix_ms, event, detail_json) VALUES (?1, ?2, ?3, ?4)",
+    [ST_EVENT_PRUNE] = "DELETE FROM events WHERE model = ?1 AND id <= (SELECT id FROM events WHERE model = ?1 "
+                       "ORDER BY id DESC LIMIT 1 OFFSET ?2)",
     [ST_EVENTS] = "SELECT unix_ms, event, detail_json FROM events WHERE model = ?1 ORDER BY id DESC LIMIT ?2",
-    [ST_LOAD_MODELS] = "SELECT name, base_path, policy_json, added FROM models ORDER BY name",
+    [ST_LOAD_MODELS] = "SELECT name, base_path, policy_json, added, 0 FROM models "
+                       "UNION ALL SELECT name, NULL, NULL, 0, 1 FROM removed ORDER BY 1",
     [ST_LOAD_LABELS] = "SELECT label, version FROM labels WHERE model = ?1 ORDER BY label",
     [ST_LOAD_TRAFFIC] = "SELECT sticky_header, shadow, settings_json FROM traffic WHERE model = ?1",
     [ST_LOAD_ROUTES] = "SELECT label, weight FROM routes WHERE model = ?1 ORDER BY pos",
@@ -105,9 +111,14 @@ static const char schema_v1[] =
     "  detail_json TEXT);"
     "CREATE INDEX events_by_model ON events(model, id);";
 
-/* The tables a schema-1 file must hold (sorted as ST_TABLES lists them). */
-static const char *const tables_v1[] = {"events", "labels", "models", "routes", "schema_version", "traffic"};
-#define NTABLES_V1 ((int)(sizeof tables_v1 / sizeof tables_v1[0]))
+/* Schema 2 adds the models removed through the admin API (a model of the config file stays removed after a
+ * restart); a schema-1 file is migrated in the transaction that opens it. */
+static const char schema_v2_add[] = "CREATE TABLE removed (name TEXT PRIMARY KEY NOT NULL);";
+
+/* The tables a file must hold (sorted as ST_TABLES lists them), and the schema each came with. */
+static const char *const tables_all[] = {"events", "labels", "models", "removed", "routes", "schema_version", "traffic"};
+static const int tables_since[] = {1, 1, 1, 2, 1, 1, 1};
+#define NTABLES ((int)(sizeof tables_all / sizeof tables_all[0]))
 
 struct adm_state {
     pthread_mutex_t mu;        /* held by every public call for its whole length */
@@ -305,7 +316,7 @@ static srv_code pragma(adm_state *s, const char *sql, char *buf, size_t cap, srv
 /* Inside BEGIN IMMEDIATE: create schema 1 in an empty file, or check the one there. */
 static srv_code schema_check(adm_state *s, srv_error *err) {
     const char *what = "reading the schema";
-    char found[NTABLES_V1][32];
+    char found[NTABLES][32];
     int nfound = 0, other = 0, has_version = 0;
     char other_name[64] = "";
     sqlite3_stmt *q = NULL;
@@ -316,8 +327,8 @@ static srv_code schema_check(adm_state *s, srv_error *err) {
         const char *t = (const char *)sqlite3_column_text(q, 0);
         if (!t) continue;
         int known = 0;
-        for (int i = 0; i < NTABLES_V1; i++) known |= strcmp(t, tables_v1[i]) == 0;
-        if (known && nfound < NTABLES_V1) snprintf(found[nfound++], sizeof found[0], "%s", t);
+        for (int i = 0; i < NTABLES; i++) known |= strcmp(t, tables_all[i]) == 0;
+        if (known && nfound < NTABLES) snprintf(found[nfound++], sizeof found[0], "%s", t);
         if (!known && !other++) snprintf(other_name, sizeof other_name, "%s", t);
         has_version |= strcmp(t, "schema_version") == 0;
     }
@@ -325,6 +336,7 @@ static srv_code schema_check(adm_state *s, srv_error *err) {
     sqlite3_reset(q);
     if (nfound == 0 && other == 0) {
         if ((c = exec_script(s, schema_v1, "creating the schema", err))) return c;
+        if ((c = exec_script(s, schema_v2_add, "creating the schema", err))) return c;
         if ((c = q_get(s, ST_SCHEMA_SET, &q, "creating the schema", err))) return c;
         if ((rc = sqlite3_bind_int(q, 1, ADM_STATE_SCHEMA))) return db_fail(s, rc, err, "creating the schema");
         return q_exec(s, q, "creating the schema", err);
@@ -349,12 +361,19 @@ static srv_code schema_check(adm_state *s, srv_error *err) {
                        ADM_STATE_SCHEMA);
     if (v < 1)
         return srv_err(err, SRV_DATA_LOSS, "state file '%s' is corrupt: schema version %lld", s->path, (long long)v);
-    for (int i = 0; i < NTABLES_V1; i++) {
-        int ok = 0;
-        for (int k = 0; k < nfound; k++) ok |= strcmp(found[k], tables_v1[i]) == 0;
+    for (int i = 0; i < NTABLES; i++) {
+        int ok = tables_since[i] > v;
+        for (int k = 0; k < nfound; k++) ok |= strcmp(found[k], tables_all[i]) == 0;
         if (!ok)
             return srv_err(err, SRV_DATA_LOSS, "state file '%s' is corrupt: schema version %lld but no table '%s'",
-                           s->path, (long long)v, tables_v1[i]);
+                           s->path, (long long)v, tables_all[i]);
+    }
+    if (v < 2) { /* migrate 1 -> 2 */
+        const char *mw = "migrating the schema to version 2";
+        if ((c = exec_script(s, schema_v2_add, mw, err))) return c;
+        if ((c = q_get(s, ST_SCHEMA_UPDATE, &q, mw, err))) return c;
+        if ((rc = sqlite3_bind_int(q, 1, 2))) return db_fail(s, rc, err, mw);
+        if ((c = q_exec(s, q, mw, err))) return c;
     }
     return SRV_OK;
 }
@@ -498,6 +517,8 @@ srv_code adm_state_put_model(adm_state *s, const char *name, const char *base_pa
         int rc = b_text(q, 1, name) || b_text(q, 2, base_path) || b_text(q, 3, policy_json);
         c = rc ? db_fail(s, sqlite3_errcode(s->db), err, what) : q_exec(s, q, what, err);
     }
+    if (!c && !(c = q_get(s, ST_REMOVED_DELETE, &q, what, err)))
+        c = b_text(q, 1, name) ? db_fail(s, sqlite3_errcode(s->db), err, what) : q_exec(s, q, what, err);
     c = tx_end(s, c, what, err);
     pthread_mutex_unlock(&s->mu);
     return c;
@@ -516,6 +537,23 @@ srv_code adm_state_delete_model(adm_state *s, const char *name, srv_error *err) 
         if (!c && sqlite3_changes(s->db) == 0)
             c = srv_err(err, SRV_NOT_FOUND, "state file '%s' holds no model '%s'", s->path, name);
     }
+    c = tx_end(s, c, what, err);
+    pthread_mutex_unlock(&s->mu);
+    return c;
+}
+
+srv_code adm_state_remove_model(adm_state *s, const char *name, srv_error *err) {
+    srv_code c;
+    if ((c = check_handle(s, err)) || (c = check_name("model name", name, err))) return c;
+    char what[320];
+    snprintf(what, sizeof what, "removing model '%s'", name);
+    pthread_mutex_lock(&s->mu);
+    sqlite3_stmt *q = NULL;
+    c = tx_begin(s, 1, what, err);
+    if (!c && !(c = q_get(s, ST_MODEL_DELETE, &q, what, err)))
+        c = b_text(q, 1, name) ? db_fail(s, sqlite3_errcode(s->db), err, what) : q_exec(s, q, what, err);
+    if (!c && !(c = q_get(s, ST_REMOVED_PUT, &q, what, err)))
+        c = b_text(q, 1, name) ? db_fail(s, sqlite3_errcode(s->db), err, what) : q_exec(s, q, what, err);
     c = tx_end(s, c, what, err);
     pthread_mutex_unlock(&s->mu);
     return c;
@@ -663,6 +701,10 @@ srv_code adm_state_add_event(adm_state *s, const char *model, const char *event,
                  b_text(q, 4, detail_json);
         c = rc ? db_fail(s, sqlite3_errcode(s->db), err, what) : q_exec(s, q, what, err);
     }
+    if (!c && !(c = q_get(s, ST_EVENT_PRUNE, &q, what, err))) { /* keep the newest ADM_EVENTS_KEEP of the model */
+        int rc = b_text(q, 1, model) || sqlite3_bind_int(q, 2, ADM_EVENTS_KEEP);
+        c = rc ? db_fail(s, sqlite3_errcode(s->db), err, what) : q_exec(s, q, what, err);
+    }
     c = tx_end(s, c, what, err);
     pthread_mutex_unlock(&s->mu);
     return c;
@@ -800,6 +842,7 @@ srv_code adm_state_load(adm_state *s, adm_model_rec **out, int *n, srv_error *er
             adm_model_rec *r = &recs[nrec++];
             memset(r, 0, sizeof *r);
             r->added = sqlite3_column_int(q, 3);
+            r->removed = sqlite3_column_int(q, 4);
             if (col_dup(q, 0, &r->name) || col_dup(q, 1, &r->base_path) || col_dup(q, 2, &r->policy_json) ||
                 !r->name) {
                 c = oom(s, err, what);
@@ -809,7 +852,8 @@ srv_code adm_state_load(adm_state *s, adm_model_rec **out, int *n, srv_error *er
         if (!c && rc != SQLITE_DONE) c = db_fail(s, rc, err, what);
         sqlite3_reset(q);
     }
-    for (int i = 0; !c && i < nrec; i++) c = load_one(s, &recs[i], err);
+    for (int i = 0; !c && i < nrec; i++)
+        if (!recs[i].removed) c = load_one(s, &recs[i], err);
     c = tx_end(s, c, what, err);
     pthread_mutex_unlock(&s->mu);
     if (c) {

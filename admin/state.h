@@ -9,7 +9,7 @@
  * What a model row means: `added` 1 when the admin API added the model (base_path, policy_json set); 0 when
  * the row only carries labels or traffic for a model of the config file. Such a row is created by the first
  * label or traffic put on it and removed again with its last label and its traffic. Deleting a model deletes
- * its labels and traffic; its history stays (the log is append-only).
+ * its labels and traffic; its history stays (the newest ADM_EVENTS_KEEP events per model are kept).
  *
  * Validation happens before the file is touched: model, label, shadow and event names with srv_name_valid,
  * route weights 0..1000000, label versions > 0, sticky headers [A-Za-z0-9_-]+, JSON texts (at most 64 KiB)
@@ -26,10 +26,12 @@
 #include "../server/srv.h"
 
 #define ADM_STATE_FILE "tensord-state.sqlite3"
-#define ADM_STATE_SCHEMA 1   /* the schema this build writes and reads; a file with a newer one is refused */
+#define ADM_STATE_SCHEMA 2   /* the schema this build writes and reads (a schema-1 file is migrated when opened); a
+                              * file with a newer one is refused */
 #define ADM_WEIGHT_MAX 1000000
 #define ADM_JSON_MAX 65536
 #define ADM_ROUTES_MAX 1024
+#define ADM_EVENTS_KEEP 1000 /* events kept per model: adding one drops the oldest beyond these */
 
 typedef struct adm_state adm_state;
 
@@ -56,6 +58,8 @@ typedef struct adm_model_rec {
     char **label_names; int64_t *label_versions; int nlabels;   /* ordered by label name */
     adm_traffic traffic;   /* nroutes 0: none */
     int added;             /* 1: added through the admin API (0: only labels/traffic on a model from the config file) */
+    int removed;           /* 1: removed through the admin API (adm_state_remove_model): nothing else is set; a model of
+                            * the config file of that name is not served */
 } adm_model_rec;
 void adm_model_rec_free(adm_model_rec *r);   /* frees contents, leaves *r zeroed */
 
@@ -64,6 +68,10 @@ void adm_model_rec_free(adm_model_rec *r);   /* frees contents, leaves *r zeroed
 srv_code adm_state_put_model(adm_state *s, const char *name, const char *base_path, const char *policy_json, srv_error *err);
 /* Delete the model's row with its labels and traffic. NOT_FOUND when there is no row. */
 srv_code adm_state_delete_model(adm_state *s, const char *name, srv_error *err);
+/* The model was removed through the admin API: its row (labels, traffic) goes, and its name is kept as removed,
+ * so that a model of the config file of that name stays removed after a restart, until adm_state_put_model adds
+ * it again. One transaction. */
+srv_code adm_state_remove_model(adm_state *s, const char *name, srv_error *err);
 /* Set (insert or move) a label; creates an added=0 row for a model not in the file. */
 srv_code adm_state_put_label(adm_state *s, const char *model, const char *label, int64_t version, srv_error *err);
 /* NOT_FOUND when the model has no such label. */
@@ -72,7 +80,7 @@ srv_code adm_state_delete_label(adm_state *s, const char *model, const char *lab
  * Route labels need not be stored labels here (they may come from the config file). */
 srv_code adm_state_put_traffic(adm_state *s, const char *model, const adm_traffic *t, srv_error *err);
 
-/* Rollback history: an append-only log of events per model ("promote", "rollback", "auto_rollback", ...; any
+/* Rollback history: a log of events per model, the newest ADM_EVENTS_KEEP kept ("promote", "rollback", "auto_rollback", ...; any
  * srv_name_valid word), stamped with the wall clock. detail_json: NULL or JSON text. The model need not have a row. */
 srv_code adm_state_add_event(adm_state *s, const char *model, const char *event, const char *detail_json, srv_error *err);
 typedef struct adm_event { int64_t unix_ms; char *event; char *detail_json; } adm_event;

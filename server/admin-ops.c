@@ -1,8 +1,8 @@
-/* admin-ops.c - the calls the server hands the admin room (admin/admin.h's adm_ops), on the registry: each change
- * takes a copy of the served model set, changes one model, and hands it back to srv_registry_set_config (which
- * validates everything first and applies only what differs), so an invalid change leaves what serves untouched.
- * A model added here is kept only if a version of it became AVAILABLE; otherwise the set is put back.
- */
+/* admin-ops.c - the calls the server hands the admin room (admin/admin.h's adm_ops), on the registry's per-model
+ * calls: each change takes a copy of one model's config, changes it, and hands it back to srv_registry_put_model
+ * (which validates it first and applies only that model), so an invalid change leaves what serves untouched and
+ * no other model is touched. A model added here is kept only if a version of it became AVAILABLE; otherwise it is
+ * removed again. A change the state cannot keep is undone. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,10 +37,6 @@ static int cfg_find(const srv_model_config *c, int n, const char *name) {
     for (int i = 0; i < n; i++)
         if (strcmp(c[i].name, name) == 0) return i;
     return -1;
-}
-
-static srv_code not_found(const char *model, srv_error *err) {
-    return srv_err(err, SRV_NOT_FOUND, "model '%s' is not served", model);
 }
 
 static void ar_json(srv_buf *b, const srv_model_config *m) {
@@ -188,41 +184,29 @@ static srv_code check_root(const srv_admin_ctx *a, const char *base, srv_error *
 static srv_code ops_add_locked(void *ctx, const char *name, const char *base, const char *policy_text, srv_error *err) {
     srv_admin_ctx *a = ctx;
     if (check_root(a, base, err) != SRV_OK) return err->code;
+    if (srv_registry_has_model(a->reg, name)) return srv_err(err, SRV_ALREADY_EXISTS, "model '%s' is served already", name);
     srv_buf t = {0};
     srv_buf_puts(&t, "model_config_list { config { name: ");
     srv_config_quote(&t, name);
     srv_buf_puts(&t, " base_path: ");
     srv_config_quote(&t, base);
     srv_buf_printf(&t, " %s } }\n", policy_text ? policy_text : "");
-    srv_model_config *add = NULL, *cur = NULL, *next = NULL;
-    int nadd = 0, n = 0;
+    srv_model_config *add = NULL;
+    int nadd = 0;
     srv_code rc = t.oom ? srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory")
                         : srv_config_parse_models(t.p, t.len, "admin: new model", &add, &nadd, err);
     free(t.p);
-    if (rc == SRV_OK) rc = srv_registry_get_config(a->reg, &cur, &n, err);
-    if (rc == SRV_OK && cfg_find(cur, n, name) >= 0) rc = srv_err(err, SRV_ALREADY_EXISTS, "model '%s' is served already", name);
-    if (rc == SRV_OK && !(next = calloc((size_t)n + 2, sizeof *next))) rc = srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
-    if (rc == SRV_OK) {
-        memcpy(next, cur, (size_t)n * sizeof *next); /* shallow: set_config copies */
-        next[n] = add[0];
-        rc = srv_registry_set_config(a->reg, next, n + 1, err);
-    }
+    if (rc == SRV_OK) rc = srv_registry_put_model(a->reg, &add[0], err);
     if (rc == SRV_OK) {
         srv_registry_poll(a->reg);
         rc = srv_registry_check_available(a->reg, &add[0], 1, err);
-        if (rc != SRV_OK) { /* put the set back: a model that does not load is not added */
-            srv_error e2 = {0};
-            srv_registry_set_config(a->reg, cur, n, &e2);
-        }
     }
-    if (rc == SRV_OK && persist_model(a, &add[0], 1, err) != SRV_OK) {
-        srv_error e2 = {0};
-        srv_registry_set_config(a->reg, cur, n, &e2);
-        rc = err->code != SRV_OK ? err->code : SRV_INTERNAL;
+    if (rc == SRV_OK) rc = persist_model(a, &add[0], 1, err);
+    if (rc != SRV_OK && rc != SRV_ALREADY_EXISTS && srv_registry_has_model(a->reg, name)) {
+        srv_error e2 = {0}; /* a model that does not load (or cannot be kept) is not added */
+        srv_registry_remove_model(a->reg, name, &e2);
     }
     if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", name, 0, "model added from %s", base);
-    free(next);
-    cfgs_free(cur, n);
     cfgs_free(add, nadd);
     return rc;
 }
@@ -231,49 +215,34 @@ static srv_code ops_add(void *ctx, const char *name, const char *base, const cha
     return ADMIN_LOCKED(ctx, ops_add_locked(ctx, name, base, policy_text, err));
 }
 
-/* Change one model of the set with fn, then apply; NOT_FOUND when it is not served. */
+/* Change one model with fn, then apply it alone (srv_registry_put_model) and keep it in the state; a change that
+ * cannot be kept is undone. NOT_FOUND when the model is not served. */
 static srv_code change(srv_admin_ctx *a, const char *model, srv_code (*fn)(srv_model_config *m, const void *arg,
                                                                           srv_error *err),
                        const void *arg, srv_error *err) {
-    srv_model_config *c = NULL;
-    int n = 0;
-    if (srv_registry_get_config(a->reg, &c, &n, err) != SRV_OK) return err->code;
-    srv_model_config *before = NULL;
-    int nb = 0;
-    int i = cfg_find(c, n, model);
-    srv_code rc = i < 0 ? not_found(model, err) : srv_registry_get_config(a->reg, &before, &nb, err);
-    if (rc == SRV_OK) rc = fn(&c[i], arg, err);
-    if (rc == SRV_OK) rc = srv_registry_set_config(a->reg, c, n, err);
-    if (rc == SRV_OK && persist_model(a, &c[i], 0, err) != SRV_OK) { /* not kept: not applied either */
+    srv_model_config m, before;
+    if (srv_registry_get_model(a->reg, model, &m, err) != SRV_OK) return err->code;
+    srv_code rc = srv_registry_get_model(a->reg, model, &before, err);
+    if (rc == SRV_OK) rc = fn(&m, arg, err);
+    if (rc == SRV_OK) rc = srv_registry_put_model(a->reg, &m, err);
+    if (rc == SRV_OK && persist_model(a, &m, 0, err) != SRV_OK) { /* not kept: not applied either */
         srv_error e2 = {0};
-        srv_registry_set_config(a->reg, before, nb, &e2);
+        srv_registry_put_model(a->reg, &before, &e2);
         rc = err->code != SRV_OK ? err->code : SRV_INTERNAL;
     }
-    cfgs_free(before, nb);
-    cfgs_free(c, n);
+    srv_model_config_free(&before);
+    srv_model_config_free(&m);
     return rc;
 }
 
 static srv_code ops_remove_locked(void *ctx, const char *name, srv_error *err) {
     srv_admin_ctx *a = ctx;
-    srv_model_config *c = NULL;
-    int n = 0;
-    if (srv_registry_get_config(a->reg, &c, &n, err) != SRV_OK) return err->code;
-    int i = cfg_find(c, n, name);
-    srv_code rc = SRV_OK;
-    if (i < 0) rc = not_found(name, err);
-    else {
-        srv_model_config gone = c[i];
-        memmove(&c[i], &c[i + 1], (size_t)(n - i - 1) * sizeof *c);
-        c[n - 1] = gone; /* freed below with the rest */
-        rc = srv_registry_set_config(a->reg, c, n - 1, err);
-    }
-    if (rc == SRV_OK && a->state && adm_state_delete_model(a->state, name, err) != SRV_OK) {
-        srv_log(SRV_LOG_ERROR, "admin", name, 0, "removed, but the state could not forget it: %s", err->msg);
+    srv_code rc = srv_registry_remove_model(a->reg, name, err);
+    if (rc == SRV_OK && a->state && adm_state_remove_model(a->state, name, err) != SRV_OK) {
+        srv_log(SRV_LOG_ERROR, "admin", name, 0, "removed, but the state could not keep that: %s", err->msg);
         rc = err->code;
     }
     if (rc == SRV_OK) srv_log(SRV_LOG_INFO, "admin", name, 0, "model removed");
-    cfgs_free(c, n);
     return rc;
 }
 
@@ -288,20 +257,7 @@ typedef struct label_arg {
 
 static srv_code set_label_fn(srv_model_config *m, const void *arg, srv_error *err) {
     const label_arg *l = arg;
-    for (int k = 0; k < m->nlabels; k++)
-        if (strcmp(m->label_names[k], l->label) == 0) {
-            m->label_versions[k] = l->version;
-            return SRV_OK;
-        }
-    char **ln = realloc(m->label_names, (size_t)(m->nlabels + 1) * sizeof *ln);
-    if (!ln) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
-    m->label_names = ln;
-    int64_t *lv = realloc(m->label_versions, (size_t)(m->nlabels + 1) * sizeof *lv);
-    if (!lv) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
-    m->label_versions = lv;
-    if (!(m->label_names[m->nlabels] = strdup(l->label))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
-    m->label_versions[m->nlabels++] = l->version;
-    return SRV_OK;
+    return srv_model_config_set_label(m, l->label, l->version, err);
 }
 
 static srv_code ops_set_label_locked(void *ctx, const char *model, const char *label, int64_t version, srv_error *err) {
@@ -356,23 +312,17 @@ static srv_code ops_set_traffic(void *ctx, const char *model, const adm_split *s
 
 static srv_code ops_get_traffic(void *ctx, const char *model, char **json, srv_error *err) {
     srv_admin_ctx *a = ctx;
-    srv_model_config *c = NULL;
-    int n = 0;
-    if (srv_registry_get_config(a->reg, &c, &n, err) != SRV_OK) return err->code;
-    int i = cfg_find(c, n, model);
-    srv_code rc = i < 0 ? not_found(model, err) : SRV_OK;
-    if (rc == SRV_OK) {
-        srv_buf b = {0};
-        traffic_json(&b, a, &c[i]);
-        if (b.oom) {
-            free(b.p);
-            rc = srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
-        } else {
-            *json = b.p;
-        }
+    srv_model_config m;
+    if (srv_registry_get_model(a->reg, model, &m, err) != SRV_OK) return err->code;
+    srv_buf b = {0};
+    traffic_json(&b, a, &m);
+    srv_model_config_free(&m);
+    if (b.oom) {
+        free(b.p);
+        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     }
-    cfgs_free(c, n);
-    return rc;
+    *json = b.p;
+    return SRV_OK;
 }
 
 /* ---- promote and rollback ---- */
@@ -427,25 +377,22 @@ static srv_code flip_fn(srv_model_config *m, const void *arg, srv_error *err) {
 
 static srv_code ops_promote(void *ctx, const char *model, srv_error *err) {
     srv_admin_ctx *a = ctx;
-    srv_model_config *c = NULL;
-    int n = 0;
+    srv_model_config c;
     pthread_mutex_lock(&a->mu);
-    srv_code rc = srv_registry_get_config(a->reg, &c, &n, err);
-    int i = rc == SRV_OK ? cfg_find(c, n, model) : -1;
+    srv_code rc = srv_registry_get_model(a->reg, model, &c, err);
     int64_t prev = 0, next = 0;
-    if (rc == SRV_OK && i < 0) rc = not_found(model, err);
     if (rc == SRV_OK) {
-        int k = canary_route(&c[i]), s = label_index(&c[i], "stable");
+        int k = canary_route(&c), s = label_index(&c, "stable");
         if (k == -1) rc = srv_err(err, SRV_FAILED_PRECONDITION, "model '%s' has no canary route to promote", model);
         else if (k == -2) rc = srv_err(err, SRV_FAILED_PRECONDITION, "model '%s' routes to several labels beside 'stable': "
                                        "set the traffic to stable and one canary first", model);
         else if (s < 0) rc = srv_err(err, SRV_FAILED_PRECONDITION, "model '%s' has no 'stable' label", model);
         else {
-            prev = c[i].label_versions[s];
-            next = c[i].label_versions[label_index(&c[i], c[i].route_labels[k])];
+            prev = c.label_versions[s];
+            next = c.label_versions[label_index(&c, c.route_labels[k])];
         }
     }
-    cfgs_free(c, n);
+    srv_model_config_free(&c);
     if (rc == SRV_OK) {
         flip_arg f = {next};
         rc = change(a, model, flip_fn, &f, err);
@@ -468,21 +415,18 @@ static srv_code ops_promote(void *ctx, const char *model, srv_error *err) {
 
 static srv_code ops_rollback(void *ctx, const char *model, srv_error *err) {
     srv_admin_ctx *a = ctx;
-    srv_model_config *c = NULL;
-    int n = 0;
+    srv_model_config c;
     pthread_mutex_lock(&a->mu);
-    srv_code rc = srv_registry_get_config(a->reg, &c, &n, err);
-    int i = rc == SRV_OK ? cfg_find(c, n, model) : -1;
+    srv_code rc = srv_registry_get_model(a->reg, model, &c, err);
     flip_arg f = {0};
     int pop = 0;
-    if (rc == SRV_OK && i < 0) rc = not_found(model, err);
-    if (rc == SRV_OK && canary_route(&c[i]) == -1) { /* nothing routed beside stable: undo the last promote */
+    if (rc == SRV_OK && canary_route(&c) == -1) { /* nothing routed beside stable: undo the last promote */
         srv_admin_hist *h = hist_of(a, model, 0);
         if (!h || h->n == 0) rc = srv_err(err, SRV_FAILED_PRECONDITION, "model '%s': nothing to roll back (no canary "
                                           "route, no promote)", model);
         else f.stable_to = h->prev[h->n - 1], pop = 1;
     }
-    cfgs_free(c, n);
+    srv_model_config_free(&c);
     if (rc == SRV_OK) rc = change(a, model, flip_fn, &f, err);
     if (rc == SRV_OK && pop) hist_of(a, model, 0)->n--;
     if (rc == SRV_OK) {
@@ -553,6 +497,16 @@ srv_code srv_admin_restore(srv_admin_ctx *a, srv_error *err) {
     for (int i = 0; rc == SRV_OK && i < nr; i++) {
         const adm_model_rec *r = &recs[i];
         int k = cfg_find(all, na, r->name);
+        if (r->removed) { /* removed through the admin API: a model of the config file stays removed */
+            if (k >= 0) {
+                srv_model_config_free(&all[k]);
+                memmove(&all[k], &all[k + 1], (size_t)(na - k - 1) * sizeof *all);
+                na--;
+                srv_log(SRV_LOG_INFO, "admin", r->name, 0, "not served: it was removed through the admin API (add it "
+                        "again to serve it)");
+            }
+            continue;
+        }
         if (k < 0 && r->added && r->base_path) { /* added through the admin API: rebuild it */
             char policy[2048] = "";
             cJSON *pj = r->policy_json ? cJSON_Parse(r->policy_json) : NULL;

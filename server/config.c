@@ -209,6 +209,39 @@ void srv_options_free(srv_options *o) {
     memset(o, 0, sizeof *o);
 }
 
+/* `auto_rollback { max_error_rate: 0.02 max_p99_ratio: 2.0 window_s: 30 min_requests: 200 }` inside `traffic`, with
+ * the admin API's bounds and defaults (at least one of the two limits; window 30 s, 200 requests). */
+static srv_code cfg_auto_rollback(const srv_tp *t, const char *what, srv_model_config *c, srv_error *err) {
+    const srv_tp *a = srv_tp_get(t, "auto_rollback", 0);
+    if (!a) return SRV_OK;
+    static const struct { const char *name; double lo, hi; } f[4] = {
+        {"max_error_rate", 0, 1}, {"max_p99_ratio", 1, 1000}, {"window_s", 1, 120}, {"min_requests", 1, 1e9}};
+    double v[4] = {-1, -1, 30, 200};
+    for (int k = 0; k < a->nkids; k++) {
+        int i = 0;
+        while (i < 4 && strcmp(a->kids[k].name, f[i].name) != 0) i++;
+        if (i == 4)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback has no field '%.100s' (max_error_rate, "
+                           "max_p99_ratio, window_s, min_requests)", what, c->name, a->kids[k].name);
+    }
+    for (int i = 0; i < 4; i++) {
+        int rc = srv_tp_double(a, f[i].name, &v[i], err);
+        if (rc == -2) return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback: %s", what, c->name, err->msg);
+        if (rc == 0 && !(v[i] >= f[i].lo && v[i] <= f[i].hi))
+            return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback %s must be %g..%g, got %g", what,
+                           c->name, f[i].name, f[i].lo, f[i].hi, v[i]);
+    }
+    if (v[0] < 0 && v[1] < 0)
+        return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback needs max_error_rate or max_p99_ratio",
+                       what, c->name);
+    c->ar_on = 1;
+    c->ar_max_error_rate = v[0] >= 0 ? v[0] : 1.0; /* 1: no error rule */
+    c->ar_max_p99_ratio = v[1] >= 0 ? v[1] : 0.0;  /* 0: no latency rule */
+    c->ar_window_s = (int)v[2];
+    c->ar_min_requests = (int)v[3];
+    return SRV_OK;
+}
+
 /* tensord's `traffic { routes { key: 'stable' value: 90 } ... sticky_header: 'X-User-Id' shadow: 'canary' }` in a
  * model's config (JSON: "traffic": {"routes": {"stable": 90, ...}, ...}); the registry checks the labels. */
 static srv_code cfg_traffic(const srv_tp *m, const char *what, srv_model_config *c, srv_error *err) {
@@ -250,7 +283,7 @@ static srv_code cfg_traffic(const srv_tp *m, const char *what, srv_model_config 
         if (!(c->sticky_header = strdup(sticky))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     }
     if (shadow && *shadow && !(c->shadow = strdup(shadow))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
-    return SRV_OK;
+    return cfg_auto_rollback(t, what, c, err);
 }
 
 static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, srv_error *err) {

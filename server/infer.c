@@ -70,7 +70,8 @@ typedef struct srv_shadow {
     srv_version *v;
     srv_tensors in;
     char model[256], label[256];
-    const char *api, *protocol;
+    char api[32], protocol[16]; /* copies: the request's strings may live in a front door's buffer that is gone by
+                                 * the time the shadow runs */
     int64_t t0_ns;
 } srv_shadow;
 #define SRV_INFER_MAX_SHADOWS 64
@@ -136,8 +137,8 @@ static void srv_infer_shadow(srv_infer *inf, const srv_infer_req *rq, const char
         s->v = v;
         snprintf(s->model, sizeof s->model, "%s", rq->model);
         snprintf(s->label, sizeof s->label, "%s", label);
-        s->api = rq->api;
-        s->protocol = rq->protocol;
+        snprintf(s->api, sizeof s->api, "%s", rq->api ? rq->api : "predict");
+        snprintf(s->protocol, sizeof s->protocol, "%s", rq->protocol ? rq->protocol : "rest");
         s->t0_ns = srv_metrics_clock_ns();
         if (srv_infer_queue(inf, &s->w) == 0) return;
     }

@@ -398,6 +398,7 @@ static void srv_metrics_record(srv_metrics *m, const char *model, int64_t versio
     memcpy(lb, base, k + 1);
     memcpy(lc, base, k + 1);
     size_t kb = k, kc = k;
+    if (label && *label) srv_label(lb, &kb, "label", label); /* per-route latency, beside per-route counts */
     srv_label(lb, &kb, "api", api);
     srv_label(lb, &kb, "protocol", protocol ? protocol : "rest");
     if (label && *label) srv_label(lc, &kc, "label", label);

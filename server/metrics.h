@@ -7,7 +7,7 @@
  * Series:
  *   tensord_request_count{model,version,label,api,protocol,status}   counter (status = code name, "OK"...;
  *                                                                            protocol = rest|grpc)
- *   tensord_request_latency_us{model,version,api,protocol}           histogram (buckets in microseconds)
+ *   tensord_request_latency_us{model,version,label,api,protocol}     histogram (buckets in microseconds)
  *   tensord_queue_latency_us{model,version}                          histogram (batching queue wait)
  *   tensord_batch_size{model,version}                                histogram (rows per executed batch)
  *   tensord_padded_batch_size{model,version}                         histogram

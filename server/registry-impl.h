@@ -39,6 +39,7 @@ typedef struct reg_ver {
     int failed;               /* load failed for this stamp: not retried until it changes */
     srv_bundle_stamp failed_stamp;
     int on_disk;
+    int in_policy;            /* the version policy aspires it (not only a label's pin): default requests prefer these */
 } reg_ver;
 
 typedef struct reg_model {
@@ -54,6 +55,8 @@ typedef struct reg_model {
     int seen;                 /* explicit control: reconciled once (start-up, config change or load request) */
     int unloaded;             /* unloaded on request: left alone until srv_registry_load_model */
     uint64_t route_seq;       /* the traffic router's requests so far (srv_registry_route) */
+    int64_t *pend;            /* versions named by labels waiting to be applied (reg_apply): pinned like lvers */
+    int npend;
 } reg_model;
 
 /* One load in flight, owned by its loader thread (which frees it). Linked in r->loads until it finishes or
@@ -148,6 +151,8 @@ typedef struct poll_job {
     int latest_n;
     int64_t *versions;
     int nversions;
+    int64_t *pins;            /* versions labels point at (applied or pending): aspired whatever the policy */
+    int npins;
     uint64_t gen;
 } poll_job;
 /* Under mu: a copy of m's config for reconciling without the lock. 0, or -1 on OOM. */

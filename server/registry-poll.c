@@ -30,6 +30,7 @@ static void job_clear(poll_job *j) {
     free(j->name);
     free(j->base);
     free(j->versions);
+    free(j->pins);
     memset(j, 0, sizeof *j);
 }
 
@@ -45,7 +46,13 @@ int reg_job_of(const reg_model *m, poll_job *j) {
         memcpy(j->versions, c->versions, (size_t)c->nversions * sizeof *j->versions);
         j->nversions = c->nversions;
     }
-    int ok = j->name && j->base && (c->nversions <= 0 || j->versions);
+    int np = m->nl + m->npend;
+    if (np > 0 && (j->pins = malloc((size_t)np * sizeof *j->pins))) {
+        memcpy(j->pins, m->lvers, (size_t)m->nl * sizeof *j->pins);
+        if (m->npend) memcpy(j->pins + m->nl, m->pend, (size_t)m->npend * sizeof *j->pins);
+        j->npins = np;
+    }
+    int ok = j->name && j->base && (c->nversions <= 0 || j->versions) && (np <= 0 || j->pins);
     if (!ok) job_clear(j);
     return ok ? 0 : -1;
 }
@@ -62,8 +69,10 @@ static int in_list(const int64_t *a, int n, int64_t x) {
 }
 
 /* Under mu: the policy applied to the versions on disk (highest first), versions that failed to load with the
- * same stamp left out, so a bad newest version does not push a good older one out of latest{N}. */
-static int compute_aspired(const poll_job *j, reg_model *m, const srv_bundle_ver *disk, int nd, int64_t *asp) {
+ * same stamp left out, so a bad newest version does not push a good older one out of latest{N}; *npol of them.
+ * Then the versions on disk that a label pins, whatever the policy. */
+static int compute_aspired(const poll_job *j, reg_model *m, const srv_bundle_ver *disk, int nd, int64_t *asp,
+                           int *npol) {
     int na = 0;
     for (int i = 0; i < nd; i++) {
         reg_ver *e = reg_find_ver(m, disk[i].version);
@@ -71,6 +80,12 @@ static int compute_aspired(const poll_job *j, reg_model *m, const srv_bundle_ver
         if (j->policy == SRV_POLICY_LATEST && na >= j->latest_n) break;
         if (j->policy == SRV_POLICY_SPECIFIC && !in_list(j->versions, j->nversions, disk[i].version)) continue;
         asp[na++] = disk[i].version;
+    }
+    *npol = na;
+    for (int i = 0; i < nd; i++) {
+        reg_ver *e = reg_find_ver(m, disk[i].version);
+        if (e && e->failed && srv_bundle_stamp_equal(&e->failed_stamp, &disk[i].stamp)) continue;
+        if (in_list(j->pins, j->npins, disk[i].version) && !in_list(asp, na, disk[i].version)) asp[na++] = disk[i].version;
     }
     return na;
 }
@@ -144,7 +159,7 @@ static int reconcile(srv_registry *r, const poll_job *j, reg_notes *ns, srv_erro
         m->vers[i].on_disk = 0;
         for (int k = 0; k < nd; k++) m->vers[i].on_disk |= disk[k].version == m->vers[i].version;
     }
-    int na = compute_aspired(j, m, disk, nd, asp);
+    int npol = 0, na = compute_aspired(j, m, disk, nd, asp, &npol);
     for (int i = 0; i < na; i++) { /* highest first: the newest serves as early as possible */
         reg_ver *e = reg_find_ver(m, asp[i]);
         if (e && e->v) continue;
@@ -161,6 +176,7 @@ static int reconcile(srv_registry *r, const poll_job *j, reg_notes *ns, srv_erro
             if (disk[k].version == asp[i]) st = &disk[k].stamp;
         if (reg_load_start(r, m, e, st, ns) == 0) pending++;
     }
+    for (int i = 0; i < m->nvers; i++) m->vers[i].in_policy = in_list(asp, npol, m->vers[i].version);
     if (pending == 0) { /* every aspired version is published (or failed): now retire what left the set */
         old = malloc(((size_t)reg_count_published(m) + 1) * sizeof *old);
         for (int i = 0; old && i < m->nvers; i++) {

@@ -167,6 +167,7 @@ static void model_free(reg_model *m) {
     if (!m) return;
     for (int i = 0; i < m->nvers; i++) free(m->vers[i].error_message);
     free(m->vers);
+    free(m->pend);
     labels_free(m);
     srv_model_config_free(&m->cfg);
     free(m);
@@ -439,81 +440,125 @@ static srv_code validate_config(const srv_model_config *cfgs, int n, srv_error *
     return SRV_OK;
 }
 
-/* Under mu: FAILED_PRECONDITION naming the first label that points at a version that is not AVAILABLE. */
+/* Under mu: FAILED_PRECONDITION naming the first label that points at a version that is not AVAILABLE (with the
+ * reason: not on disk, its load error, or its state). */
 static srv_code check_labels(srv_registry *r, const srv_model_config *cfgs, int n, srv_error *err) {
     if (r->opts.allow_labels_for_unavailable) return SRV_OK;
     for (int i = 0; i < n; i++) {
         reg_model *m = reg_find_model(r, cfgs[i].name);
         for (int k = 0; m && k < cfgs[i].nlabels; k++) {
             reg_ver *e = reg_find_ver(m, cfgs[i].label_versions[k]);
-            if (!e || !e->v)
-                return srv_err(err, SRV_FAILED_PRECONDITION,
-                               "model '%s': version label '%s' points at version %lld, which is not available (state %s); "
-                               "set --allow_version_labels_for_unavailable_models to allow this",
-                               cfgs[i].name, cfgs[i].label_names[k], (long long)cfgs[i].label_versions[k],
-                               srv_state_name(e ? e->state : SRV_STATE_UNKNOWN));
+            if (e && e->v) continue;
+            const char *nm = cfgs[i].name, *ln = cfgs[i].label_names[k];
+            long long v = (long long)cfgs[i].label_versions[k];
+            if (!e || e->state == SRV_STATE_UNKNOWN || (!e->on_disk && !e->load_id))
+                return srv_err(err, SRV_FAILED_PRECONDITION, "model '%s': version label '%s' points at version %lld, "
+                               "which is not under base path '%s'", nm, ln, v, m->cfg.base_path);
+            if (e->state == SRV_STATE_END && e->error_code != SRV_OK)
+                return srv_err(err, SRV_FAILED_PRECONDITION, "model '%s': version label '%s' points at version %lld, "
+                               "which failed to load: %s", nm, ln, v, e->error_message ? e->error_message : "");
+            return srv_err(err, SRV_FAILED_PRECONDITION, "model '%s': version label '%s' points at version %lld, which "
+                           "is not available (state %s); set --allow_version_labels_for_unavailable_models to allow this",
+                           nm, ln, v, srv_state_name(e->state));
         }
     }
     return SRV_OK;
 }
 
-srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, int n, srv_error *err) {
+/* Under mu: drop m (no longer in the table): its loads cancelled, its published versions detached into old (room for
+ * reg_count_published(m) more), the entry freed. */
+static void drop_model(srv_registry *r, reg_model *m, srv_version **old, int *nold, reg_notes *ns) {
+    cancel_loads(r, m, "load cancelled: the model was removed from the config", ns);
+    reg_detach_all(m, old, nold);
+    model_free(m);
+}
+
+/* Under mu. */
+static void routed_count(srv_registry *r) {
+    int routed = 0;
+    for (int i = 0; i < r->nmodels; i++) routed += r->models[i]->cfg.nroutes > 0;
+    atomic_store(&r->routed_models, routed);
+}
+
+/* Under mu: the versions c's labels point at become m's pending pins, which the poller loads whatever the policy
+ * says (so that a label may name a version on disk that is not loaded yet). With explicit control the model is
+ * looked at again when one of them is not published. */
+static void pins_pend(srv_registry *r, reg_model *m, const srv_model_config *c) {
+    free(m->pend);
+    m->pend = NULL;
+    m->npend = 0;
+    if (c->nlabels <= 0 || !(m->pend = malloc((size_t)c->nlabels * sizeof *m->pend))) return;
+    memcpy(m->pend, c->label_versions, (size_t)c->nlabels * sizeof *m->pend);
+    m->npend = c->nlabels;
+    for (int k = 0; k < c->nlabels && r->opts.explicit_control; k++) {
+        reg_ver *e = reg_find_ver(m, c->label_versions[k]);
+        if (!e || !e->v) m->seen = 0;
+    }
+}
+
+/* Validate cfgs, then apply them: whole replaces the model set (models not listed are removed, their versions
+ * retired); otherwise the listed models are added or replaced and every other model is left as it is. Labels are
+ * applied once every version they name is AVAILABLE (loading pinned versions first and waiting for those loads), or
+ * not at all (the previous labels stay, FAILED_PRECONDITION naming the label and why). */
+static srv_code reg_apply(srv_registry *r, const srv_model_config *cfgs, int n, int whole, srv_error *err) {
     srv_code c = validate_config(cfgs, n, err);
     if (c != SRV_OK) return c;
-    reg_model **nm = calloc((size_t)n + 1, sizeof *nm);
     srv_model_config *cp = calloc((size_t)n + 1, sizeof *cp);
     int ncp = 0;
-    for (; nm && cp && ncp < n; ncp++)
+    for (; cp && ncp < n; ncp++)
         if (cfg_copy(&cp[ncp], &cfgs[ncp]) != 0) break;
-    if (!nm || !cp || ncp < n) {
+    if (!cp || ncp < n) {
         for (int i = 0; cp && i < ncp; i++) srv_model_config_free(&cp[i]);
         free(cp);
-        free(nm);
         return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory copying the model config");
     }
     srv_version **old = NULL;
     int nold = 0;
     reg_notes ns = {0};
     pthread_mutex_lock(&r->mu);
-    int ok = 1;
-    for (int i = 0; i < n && ok; i++) {
+    int total = n, cnt = 0;
+    for (int i = 0; i < r->nmodels; i++) {
+        int listed = 0;
+        for (int k = 0; k < n && !listed; k++) listed = strcmp(cp[k].name, r->models[i]->cfg.name) == 0;
+        total += !whole && !listed;
+        cnt += reg_count_published(r->models[i]);
+    }
+    reg_model **nm = calloc((size_t)total + 1, sizeof *nm), **lm = calloc((size_t)n + 1, sizeof *lm);
+    old = malloc((size_t)cnt * sizeof *old + 1);
+    int ok = nm && lm && old;
+    for (int i = 0; i < n && ok; i++) { /* lm: the listed models, in cfgs' order (new ones not in the table yet) */
         reg_model *m = reg_find_model(r, cp[i].name);
         if (!m && (m = calloc(1, sizeof *m)) != NULL) m->gen = ++r->next_gen;
         ok = m != NULL;
-        nm[i] = m;
+        lm[i] = m;
     }
     if (!ok) { /* OOM: nothing changed */
-        for (int i = 0; i < n; i++)
-            if (nm[i] && !reg_find_model(r, cp[i].name)) free(nm[i]);
+        for (int i = 0; lm && i < n; i++)
+            if (lm[i] && !reg_find_model(r, cp[i].name)) free(lm[i]);
         pthread_mutex_unlock(&r->mu);
         for (int i = 0; i < n; i++) srv_model_config_free(&cp[i]);
         free(cp);
         free(nm);
+        free(lm);
+        free(old);
         return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory applying the model config");
     }
-    int cnt = 0;
-    for (int i = 0; i < r->nmodels; i++) cnt += reg_count_published(r->models[i]);
-    ok = (old = malloc((size_t)cnt * sizeof *old + 1)) != NULL;
-    if (!ok) { /* OOM: nothing changed */
+    int nn = 0;
+    if (whole) {
+        memcpy(nm, lm, (size_t)n * sizeof *nm);
+        nn = n;
+    } else { /* the table's order, new models last */
+        for (int i = 0; i < r->nmodels; i++) nm[nn++] = r->models[i];
         for (int i = 0; i < n; i++)
-            if (nm[i] && !reg_find_model(r, cp[i].name)) free(nm[i]);
-        pthread_mutex_unlock(&r->mu);
-        for (int i = 0; i < n; i++) srv_model_config_free(&cp[i]);
-        free(cp);
-        free(nm);
-        return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory applying the model config");
+            if (!reg_find_model(r, cp[i].name)) nm[nn++] = lm[i];
     }
     for (int i = 0; i < r->nmodels; i++) {
-        reg_model *m = r->models[i];
         int kept = 0;
-        for (int k = 0; k < n && !kept; k++) kept = nm[k] == m;
-        if (kept) continue;
-        cancel_loads(r, m, "load cancelled: the model was removed from the config", &ns);
-        reg_detach_all(m, old, &nold);
-        model_free(m);
+        for (int k = 0; k < nn && !kept; k++) kept = nm[k] == r->models[i];
+        if (!kept) drop_model(r, r->models[i], old, &nold, &ns);
     }
     for (int i = 0; i < n; i++) {
-        srv_model_config *mc = &nm[i]->cfg;
+        srv_model_config *mc = &lm[i]->cfg;
         char **ln = cp[i].label_names;
         int64_t *lv = cp[i].label_versions;
         int nl = cp[i].nlabels;
@@ -522,26 +567,18 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
         cp[i].nlabels = 0;
         srv_model_config_free(mc);
         *mc = cp[i];
-        cp[i].label_names = ln; /* labels stay pending in cp until checked */
+        cp[i] = (srv_model_config){0};
+        cp[i].label_names = ln; /* labels stay pending in cp until checked; the rest moved into the model */
         cp[i].label_versions = lv;
         cp[i].nlabels = nl;
         cp[i].name = strdup(mc->name);
-        cp[i].base_path = NULL;
-        cp[i].platform = NULL;
-        cp[i].versions = NULL;
-        cp[i].nversions = 0;
-        cp[i].route_labels = NULL; /* the traffic config moved into the model too */
-        cp[i].route_weights = NULL;
-        cp[i].nroutes = 0;
-        cp[i].sticky_header = NULL;
-        cp[i].shadow = NULL;
+        pins_pend(r, lm[i], &cp[i]);
     }
     free(r->models);
+    free(lm);
     r->models = nm;
-    r->nmodels = n;
-    int routed = 0;
-    for (int i = 0; i < n; i++) routed += nm[i]->cfg.nroutes > 0;
-    atomic_store(&r->routed_models, routed);
+    r->nmodels = nn;
+    routed_count(r);
     c = check_labels(r, cp, n, err);
     pthread_mutex_unlock(&r->mu);
     reg_notes_flush(&ns);
@@ -555,7 +592,8 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
     }
     pthread_mutex_unlock(&r->thr_mu);
     /* Load now when labels wait for versions (TF Serving loads the models before it applies labels, also at
-     * startup), or when no poller thread will pick up the change. */
+     * startup; a label's version is pinned, so it loads whatever the policy says), or when no poller thread will
+     * pick up the change. */
     if (c != SRV_OK || (!running && polled)) {
         srv_registry_poll(r);
         pthread_mutex_lock(&r->mu);
@@ -563,9 +601,13 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_lock(&r->mu);
-    for (int i = 0; i < n && c == SRV_OK; i++) {
-        reg_model *m = reg_find_model(r, cp[i].name);
+    for (int i = 0; i < n; i++) {
+        reg_model *m = cp[i].name ? reg_find_model(r, cp[i].name) : NULL;
         if (!m) continue;
+        free(m->pend); /* the labels (when applied) pin their versions from now on */
+        m->pend = NULL;
+        m->npend = 0;
+        if (c != SRV_OK) continue;
         labels_free(m);
         m->lnames = cp[i].label_names;
         m->lvers = cp[i].label_versions;
@@ -575,8 +617,56 @@ srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, 
         cp[i].nlabels = 0;
     }
     pthread_mutex_unlock(&r->mu);
+    if (c != SRV_OK) { /* versions loaded only for the refused labels go again */
+        pthread_mutex_lock(&r->thr_mu);
+        if (r->thr_running) r->kick = 1, pthread_cond_broadcast(&r->thr_cv);
+        pthread_mutex_unlock(&r->thr_mu);
+    }
     for (int i = 0; i < n; i++) srv_model_config_free(&cp[i]);
     free(cp);
+    return c;
+}
+
+srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, int n, srv_error *err) {
+    return reg_apply(r, cfgs, n, 1, err);
+}
+
+srv_code srv_registry_put_model(srv_registry *r, const srv_model_config *c, srv_error *err) {
+    if (!c) return srv_err(err, SRV_INVALID_ARGUMENT, "no model config given");
+    return reg_apply(r, c, 1, 0, err);
+}
+
+srv_code srv_registry_remove_model(srv_registry *r, const char *model, srv_error *err) {
+    reg_notes ns = {0};
+    srv_version **old = NULL;
+    int nold = 0;
+    srv_code c = SRV_OK;
+    pthread_mutex_lock(&r->mu);
+    int i = 0;
+    while (model && i < r->nmodels && strcmp(r->models[i]->cfg.name, model) != 0) i++;
+    if (!model || i == r->nmodels) {
+        c = srv_err(err, SRV_NOT_FOUND, "model '%.300s' is not served", model ? model : "");
+    } else if (!(old = malloc(((size_t)reg_count_published(r->models[i]) + 1) * sizeof *old))) {
+        c = srv_err(err, SRV_RESOURCE_EXHAUSTED, "model '%s': out of memory removing it", model);
+    } else {
+        reg_model *m = r->models[i];
+        memmove(&r->models[i], &r->models[i + 1], (size_t)(r->nmodels - i - 1) * sizeof *r->models);
+        r->nmodels--;
+        drop_model(r, m, old, &nold, &ns);
+        routed_count(r);
+    }
+    pthread_mutex_unlock(&r->mu);
+    reg_notes_flush(&ns);
+    reg_retire(r, old, nold, "the model was removed");
+    return c;
+}
+
+srv_code srv_registry_set_label(srv_registry *r, const char *model, const char *label, int64_t version, srv_error *err) {
+    srv_model_config m;
+    if (srv_registry_get_model(r, model, &m, err) != SRV_OK) return err->code;
+    srv_code c = srv_model_config_set_label(&m, label, version, err);
+    if (c == SRV_OK) c = srv_registry_put_model(r, &m, err);
+    srv_model_config_free(&m);
     return c;
 }
 
@@ -603,9 +693,11 @@ srv_version *srv_registry_acquire(srv_registry *r, const char *model, int64_t ve
                     (long long)version, srv_state_name(e->state), e->error_message ? ": " : "",
                     e->error_message ? e->error_message : "");
         else srv_err(err, SRV_NOT_FOUND, "model '%s' version %lld not found", model, (long long)version);
-    } else {
-        for (int i = 0; i < m->nvers; i++)
-            if (m->vers[i].v && (!v || m->vers[i].version > v->version)) v = m->vers[i].v;
+    } else { /* the highest version the policy serves; a version only a label pins serves when none is up */
+        for (int pol = 1; pol >= 0 && !v; pol--)
+            for (int i = 0; i < m->nvers; i++)
+                if (m->vers[i].v && m->vers[i].in_policy >= pol && (!v || m->vers[i].version > v->version))
+                    v = m->vers[i].v;
         if (!v && m->nvers)
             srv_err(err, SRV_UNAVAILABLE, "model '%s' has no available version yet (see model status)", model);
         else if (!v) srv_err(err, SRV_NOT_FOUND, "model '%s': no versions found under '%s'", model, m->cfg.base_path);
@@ -713,20 +805,22 @@ int srv_registry_has_model(srv_registry *r, const char *model) {
 
 /* ---- the served configuration, for per-model changes ---- */
 
+/* Under mu: a copy of m's config with its applied labels. 0, or -1 on OOM. */
+static int model_copy(const reg_model *m, srv_model_config *out) {
+    srv_model_config tmp = m->cfg; /* the labels live beside the config: lend them for the copy */
+    tmp.label_names = m->lnames;
+    tmp.label_versions = m->lvers;
+    tmp.nlabels = m->nl;
+    return cfg_copy(out, &tmp);
+}
+
 srv_code srv_registry_get_config(srv_registry *r, srv_model_config **out, int *n, srv_error *err) {
     *out = NULL;
     *n = 0;
     pthread_mutex_lock(&r->mu);
     srv_model_config *v = calloc((size_t)r->nmodels + 1, sizeof *v);
     int ok = v != NULL, k = 0;
-    for (; ok && k < r->nmodels; k++) {
-        const reg_model *m = r->models[k];
-        srv_model_config tmp = m->cfg; /* the labels live beside the config: lend them for the copy */
-        tmp.label_names = m->lnames;
-        tmp.label_versions = m->lvers;
-        tmp.nlabels = m->nl;
-        ok = cfg_copy(&v[k], &tmp) == 0;
-    }
+    for (; ok && k < r->nmodels; k++) ok = model_copy(r->models[k], &v[k]) == 0;
     pthread_mutex_unlock(&r->mu);
     if (!ok) {
         for (int i = 0; v && i < k; i++) srv_model_config_free(&v[i]);
@@ -735,6 +829,34 @@ srv_code srv_registry_get_config(srv_registry *r, srv_model_config **out, int *n
     }
     *out = v;
     *n = k;
+    return SRV_OK;
+}
+
+srv_code srv_registry_get_model(srv_registry *r, const char *model, srv_model_config *out, srv_error *err) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&r->mu);
+    reg_model *m = model ? reg_find_model(r, model) : NULL;
+    int rc = m ? model_copy(m, out) : 1;
+    pthread_mutex_unlock(&r->mu);
+    if (rc > 0) return srv_err(err, SRV_NOT_FOUND, "model '%.300s' is not served", model ? model : "");
+    if (rc < 0) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory copying model '%s''s config", model);
+    return SRV_OK;
+}
+
+srv_code srv_model_config_set_label(srv_model_config *m, const char *label, int64_t version, srv_error *err) {
+    for (int k = 0; k < m->nlabels; k++)
+        if (strcmp(m->label_names[k], label) == 0) {
+            m->label_versions[k] = version;
+            return SRV_OK;
+        }
+    char **ln = realloc(m->label_names, (size_t)(m->nlabels + 1) * sizeof *ln);
+    if (!ln) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    m->label_names = ln;
+    int64_t *lv = realloc(m->label_versions, (size_t)(m->nlabels + 1) * sizeof *lv);
+    if (!lv) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    m->label_versions = lv;
+    if (!(m->label_names[m->nlabels] = strdup(label))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    m->label_versions[m->nlabels++] = version;
     return SRV_OK;
 }
 

@@ -145,9 +145,27 @@ srv_registry *srv_registry_new(const srv_registry_opts *o);
 void srv_registry_free(srv_registry **r);
 
 /* Replace the served model set: new models are added, removed ones retired, changed policies/labels
- * applied. Validates names ([A-Za-z0-9_.-]+), duplicate names, labels pointing at versions (a label may only
- * point at an AVAILABLE version unless allow_labels_for_unavailable). Copies the configs. */
+ * applied. Validates names ([A-Za-z0-9_.-]+), duplicate names, labels pointing at versions. Copies the configs.
+ * Labels pin: a version a label points at is loaded and kept loaded whatever the version policy says (the policy
+ * decides the rest), so a label may name a version that is on disk but not loaded: the call loads it first and
+ * returns once it is AVAILABLE. A label whose version is not on disk or fails to load is FAILED_PRECONDITION naming
+ * the label, the version and why (not found, the load error), and the model's labels stay as they were (unless
+ * allow_labels_for_unavailable, which applies them at once). Requests naming neither version nor label go to the
+ * highest version the policy serves, or, while none is up, the highest a label pins. */
 srv_code srv_registry_set_config(srv_registry *r, const srv_model_config *cfgs, int n, srv_error *err);
+
+/* Per-model changes (the admin room's): add model c, or replace the model of that name (policy, labels, traffic),
+ * leaving every other model as it is; validation and labels as in srv_registry_set_config. */
+srv_code srv_registry_put_model(srv_registry *r, const srv_model_config *c, srv_error *err);
+/* Remove one model: its loads are cancelled and its versions retired (each unloads once its in-flight requests
+ * end); does not wait. NOT_FOUND when it is not served. */
+srv_code srv_registry_remove_model(srv_registry *r, const char *model, srv_error *err);
+/* Set or move one label of model (loading its version first when it is on disk but not loaded; see above). */
+srv_code srv_registry_set_label(srv_registry *r, const char *model, const char *label, int64_t version, srv_error *err);
+/* A copy of one model's config (labels and traffic included); free with srv_model_config_free. NOT_FOUND. */
+srv_code srv_registry_get_model(srv_registry *r, const char *model, srv_model_config *out, srv_error *err);
+/* Set label to version in c (added when c has no such label). */
+srv_code srv_model_config_set_label(srv_model_config *c, const char *label, int64_t version, srv_error *err);
 
 /* A copy of the served model set (labels and traffic included), in order: change one model and hand it back to
  * srv_registry_set_config, which applies only what differs. Free each with srv_model_config_free, then the array. */

@@ -327,6 +327,17 @@ def _write_synced(path, data):
         os.fsync(f.fileno())
 
 
+def rest_version(srv, session, path="/v1/models/m:predict", headers=None, x=1.0):
+    """A :predict on a version_model bundle; returns the version that answered (X-Model-Version, checked against the
+    answer itself)."""
+    r = srv.post(path, session=session, data=json.dumps({"instances": [[x]]}),
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    assert r.status_code == 200, r.text
+    v = int(r.headers["X-Model-Version"])
+    assert r.json()["predictions"][0][0] == v, "the header and the answer disagree"
+    return v
+
+
 def write_text(path, text):
     with open(path, "w") as f:
         f.write(text)

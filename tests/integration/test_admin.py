@@ -1,6 +1,7 @@
 """The admin room against the real binary: the token-guarded listener on --admin_port (loopback), model management,
-labels and traffic through it, and its security rules. (Issue 11; promote/rollback, persistence and `tensord admin`
-are not here yet.)
+labels and traffic through it, its security rules, promote/rollback, the state kept across a restart, `tensord
+admin`, and the automatic rollback of a slow canary. (Issue 11; the whole rollout sequence and the rollback of a
+failing canary are in test_admin_rollout.py.)
 """
 import os
 import socket
@@ -10,25 +11,7 @@ import requests
 
 import serving_util as u
 
-TOKEN = "a3f1c9e07b5d4e2a8c6f0b1d3e5a7c9f"  # 32 hex characters = 128 bits
-
-
-def _admin_server(tmp_path, extra=(), token=TOKEN, base=None):
-    if base is None:
-        base = str(tmp_path / "m")
-        for v in (1, 2):
-            u.write_version(base, v, u.version_model(v))
-    aport = u.free_port()
-    env = dict(os.environ, TENSORD_ADMIN_TOKEN=token)
-    srv = u.Server(tmp_path, base_path=base, env=env, extra=[f"--admin_port={aport}", *extra])
-    return srv, aport
-
-
-def _req(aport, method, path, token=TOKEN, **kw):
-    h = kw.pop("headers", {})
-    if token is not None:
-        h["Authorization"] = f"Bearer {token}"
-    return requests.request(method, f"http://127.0.0.1:{aport}{path}", headers=h, timeout=60, **kw)
+from admin_util import TOKEN, admin_req as _req, admin_server as _admin_server
 
 
 def _listening(port):
@@ -256,7 +239,8 @@ def test_tensord_admin_command(admin, tmp_path):
 
 def test_restart_keeps_models_labels_and_routes(tmp_path):
     """SIGTERM and start again with the same --state_dir: the models added, the labels and the traffic split (and
-    the promote history that rollback uses) are as before."""
+    the promote history that rollback uses) are as before, and a model of the start-up config that was removed
+    through the admin API stays removed until it is added again."""
     state = tmp_path / "state"
     state.mkdir()
     base = str(tmp_path / "m")
@@ -283,6 +267,8 @@ def test_restart_keeps_models_labels_and_routes(tmp_path):
                           "auto_rollback": {"max_error_rate": 0.05, "window_s": 20,
                                             "min_requests": 1000000}}).status_code == 200
         before = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"][0]
+        assert _req(aport, "DELETE", "/v1/admin/models/m").status_code == 200  # the start-up flags' model
+        assert srv.post_json("/v1/models/m:predict", {"instances": [[0.0]]}).status_code == 404
     assert (state / "tensord-state.sqlite3").exists()
     srv, aport = start()
     with srv:
@@ -290,6 +276,9 @@ def test_restart_keeps_models_labels_and_routes(tmp_path):
         after = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"]
         assert after, "the added model did not come back"
         after = after[0]
+        assert "m" not in [m["name"] for m in _req(aport, "GET", "/v1/admin/models").json()["models"]], \
+            "a removed model came back after the restart"
+        assert srv.post_json("/v1/models/m:predict", {"instances": [[0.0]]}).status_code == 404
         assert after["labels"] == before["labels"] == {"stable": 1, "canary": 3}
         assert after["traffic"] == before["traffic"] and after["traffic"]["auto_rollback"]["window_s"] == 20
         assert after["version_policy"] == "all"
@@ -307,6 +296,12 @@ def test_restart_keeps_models_labels_and_routes(tmp_path):
         assert r.status_code == 200, r.text
         m = [m for m in _req(aport, "GET", "/v1/admin/models").json()["models"] if m["name"] == "other"][0]
         assert m["labels"]["stable"] == 1, m
+        # adding the removed model again serves it, also after the next restart
+        assert _req(aport, "POST", "/v1/admin/models", json={"name": "m", "base_path": base}).status_code == 201
+    srv, aport = start()
+    with srv:
+        srv.wait_ready()
+        assert srv.post_json("/v1/models/m:predict", {"instances": [[0.0]]}).status_code == 200
 
 
 def _slow_model(layers=48, d=512, seed=3):

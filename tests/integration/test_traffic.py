@@ -16,6 +16,7 @@ import grpc
 import pytest
 import requests
 
+import grpc_util as g
 import serving_util as u
 
 
@@ -45,31 +46,9 @@ def _serve(tmp_path, base, **kw):
     return u.Server(tmp_path, config_file=cfg, grpc=True)
 
 
-def _rest_version(srv, session, path="/v1/models/m:predict", headers=None):
-    r = srv.post(path, session=session, data='{"instances": [[1.0]]}',
-                 headers={"Content-Type": "application/json", **(headers or {})})
-    assert r.status_code == 200, r.text
-    v = int(r.headers["X-Model-Version"])
-    assert r.json()["predictions"][0][0] == v, "the header and the answer disagree"
-    return v
-
-
-def _grpc_stub(srv):
-    from tensorflow_serving.apis import prediction_service_pb2_grpc
-    return prediction_service_pb2_grpc.PredictionServiceStub(srv.grpc_channel())
-
-
-def _grpc_version(stub, metadata=()):
-    import numpy as np
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
-    rq = predict_pb2.PredictRequest()
-    rq.model_spec.name = "m"
-    rq.inputs["x"].CopyFrom(tf.make_tensor_proto(np.float32([[1.0]])))
-    r = stub.Predict(rq, timeout=30, metadata=metadata)
-    v = r.model_spec.version.value
-    assert float(tf.make_ndarray(r.outputs["y"])[0][0]) == v
-    return v
+_rest_version = u.rest_version
+_grpc_stub = g.predict_stub
+_grpc_version = g.grpc_version
 
 
 def test_weighted_split_rest_and_grpc(tmp_path, base):

@@ -70,6 +70,11 @@ static char *dump(adm_state *s) {
     FILE *f = open_memstream(&buf, &len);
     cr_assert_not_null(f);
     for (int i = 0; i < n; i++) {
+        if (r[i].removed) {
+            fprintf(f, "%s removed\n", r[i].name);
+            adm_model_rec_free(&r[i]);
+            continue;
+        }
         fprintf(f, "%s added=%d base=%s policy=%s labels=", r[i].name, r[i].added,
                 r[i].base_path ? r[i].base_path : "-", r[i].policy_json ? r[i].policy_json : "-");
         for (int k = 0; k < r[i].nlabels; k++) fprintf(f, "%s:%lld,", r[i].label_names[k], (long long)r[i].label_versions[k]);
@@ -449,6 +454,46 @@ Test(admin_state, deletes_cascade_and_empty_config_rows_go) {
     adm_state_free(&s);
 }
 
+/* A model removed through the admin API is kept as removed (a config-file model stays removed after a restart)
+ * until it is added again; its labels and traffic go. */
+Test(admin_state, a_removed_model_stays_removed_until_added_again) {
+    adm_state *s = open_ok();
+    fill(s);
+    OK(adm_state_remove_model(s, "fromcfg", E));
+    OK(adm_state_remove_model(s, "never-seen", E));
+    OK(adm_state_remove_model(s, "never-seen", E)); /* twice is fine */
+    adm_state_free(&s);
+    s = open_ok();
+    char *d = dump(s);
+    cr_assert(strstr(d, "fromcfg removed\n") && strstr(d, "never-seen removed\n") && !strstr(d, "fromcfg added"), "%s", d);
+    cr_assert(strstr(d, "fashion added=1"), "%s", d);
+    free(d);
+    cr_assert_eq(raw_int("SELECT count(*) FROM labels WHERE model = 'fromcfg'"), 0);
+    OK(adm_state_put_model(s, "fromcfg", "/models/fromcfg", NULL, E));
+    d = dump(s);
+    cr_assert(!strstr(d, "fromcfg removed") && strstr(d, "fromcfg added=1 base=/models/fromcfg"), "%s", d);
+    free(d);
+    adm_state_free(&s);
+}
+
+/* A file written by schema 1 (no removed table) is migrated to 2 when opened, its records intact. */
+Test(admin_state, a_schema_1_file_is_migrated) {
+    adm_state *s = open_ok();
+    fill(s);
+    adm_state_free(&s);
+    raw_exec("DROP TABLE removed; UPDATE schema_version SET version = 1");
+    s = open_ok();
+    cr_assert_eq(raw_int("SELECT version FROM schema_version"), 2);
+    expect_dump(s, FILLED);
+    OK(adm_state_remove_model(s, "zeta", E));
+    adm_state_free(&s);
+    s = open_ok();
+    char *d = dump(s);
+    cr_assert(strstr(d, "zeta removed\n"), "%s", d);
+    free(d);
+    adm_state_free(&s);
+}
+
 /* ---- failures leave the previous state ---- */
 
 static srv_code apply(adm_state *s, int op, srv_error *e) {
@@ -464,6 +509,7 @@ static srv_code apply(adm_state *s, int op, srv_error *e) {
     case 6: return adm_state_put_traffic(s, "cfgtraffic", NULL, e);       /* removes the row too */
     case 7: return adm_state_delete_model(s, "fashion", e);
     case 8: return adm_state_add_event(s, "fashion", "auto_rollback", "{\"from\":2,\"to\":1}", e);
+    case 9: return adm_state_remove_model(s, "fromcfg", e);               /* its row goes, its name is kept */
     }
     return SRV_UNKNOWN;
 }
@@ -474,7 +520,7 @@ static long long nevents(adm_state *s) {
 }
 
 Test(admin_state, a_write_that_fails_at_any_statement_leaves_the_previous_state) {
-    for (int op = 0; op <= 8; op++) {
+    for (int op = 0; op <= 9; op++) {
         adm_state *s = open_ok();
         fill(s);
         char *before = dump(s);
@@ -673,6 +719,27 @@ static void *worker(void *p) {
         }
     }
     return NULL;
+}
+
+Test(admin_state, events_beyond_the_kept_number_are_dropped_oldest_first) {
+    adm_state *s = open_ok();
+    char d[64];
+    for (int i = 0; i < ADM_EVENTS_KEEP + 5; i++) {
+        snprintf(d, sizeof d, "{\"i\":%d}", i);
+        OK(adm_state_add_event(s, "m", "promote", d, E));
+    }
+    OK(adm_state_add_event(s, "other", "promote", NULL, E));
+    cr_assert_eq(raw_int("SELECT count(*) FROM events WHERE model = 'm'"), ADM_EVENTS_KEEP);
+    cr_assert_eq(raw_int("SELECT count(*) FROM events WHERE model = 'other'"), 1);
+    adm_event *ev = NULL;
+    int n = 0;
+    OK(adm_state_events(s, "m", ADM_EVENTS_KEEP + 10, &ev, &n, E));
+    cr_assert_eq(n, ADM_EVENTS_KEEP);
+    snprintf(d, sizeof d, "{\"i\":%d}", ADM_EVENTS_KEEP + 4);
+    cr_assert_str_eq(ev[0].detail_json, d);
+    cr_assert_str_eq(ev[n - 1].detail_json, "{\"i\":5}");
+    adm_events_free(ev, n);
+    adm_state_free(&s);
 }
 
 Test(admin_state, server_threads_may_share_one_handle) {

@@ -790,11 +790,15 @@ Test(metrics, render) {
     cr_expect(strstr(s, "tensord_request_count{model=\"fash\\\"ion\\\\\",version=\"3\",label=\"stable\","
                         "api=\"predict\",protocol=\"rest\",status=\"OK\"} 1\n") != NULL, "%s", s);
     cr_expect(strstr(s, "status=\"INVALID_ARGUMENT\"} 1\n") != NULL);
+    /* the labelled request has a latency series of its own (per-route latency) */
+    cr_expect(strstr(s, "tensord_request_latency_us_bucket{model=\"fash\\\"ion\\\\\",version=\"3\",label=\"stable\","
+                        "api=\"predict\",protocol=\"rest\",le=\"1000\"} 1\n") != NULL, "%s", s);
     cr_expect(strstr(s, "tensord_request_latency_us_bucket{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\","
-                        "protocol=\"rest\",le=\"1000\"} 1\n") != NULL, "%s", s);
-    cr_expect(strstr(s, "le=\"+Inf\"} 2\n") != NULL);
-    cr_expect(strstr(s, "tensord_request_latency_us_count{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\",protocol=\"rest\"} 2\n"));
-    cr_expect(strstr(s, "tensord_request_latency_us_sum{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\",protocol=\"rest\"} 70000700\n"));
+                        "protocol=\"rest\",le=\"1000\"} 0\n") != NULL, "%s", s);
+    cr_expect(strstr(s, "le=\"+Inf\"} 1\n") != NULL);
+    cr_expect(strstr(s, "tensord_request_latency_us_count{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\",protocol=\"rest\"} 1\n"));
+    cr_expect(strstr(s, "tensord_request_latency_us_sum{model=\"fash\\\"ion\\\\\",version=\"3\",api=\"predict\",protocol=\"rest\"} 70000000\n"));
+    cr_expect(strstr(s, "tensord_request_latency_us_sum{model=\"fash\\\"ion\\\\\",version=\"3\",label=\"stable\",api=\"predict\",protocol=\"rest\"} 700\n"));
     cr_expect(strstr(s, "tensord_batch_size_bucket{model=\"m\",version=\"1\",le=\"2\"} 0\n"));
     cr_expect(strstr(s, "tensord_batch_size_bucket{model=\"m\",version=\"1\",le=\"4\"} 1\n"));
     cr_expect(strstr(s, "tensord_model_swap_count{model=\"m\",version=\"1\",event=\"load\"} 2\n"));

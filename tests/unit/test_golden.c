@@ -25,6 +25,12 @@
 static char gold_dir[256];
 #define STEPS 5
 #define TOL 1e-5
+/* Adam's weights: its step lr * m / (sqrt(v) + eps) has slope lr / (4 eps) = 2500 at |g| = eps = 1e-7, so a weight
+ * whose gradient is a near-cancelling sum (|g| ~ 1e-7 from terms ~1e-3) turns fp32 summation-order noise (~1e-10)
+ * into ~1e-6 after 5 steps. Which weights are hit depends on the GEMM kernel's order: measured 4.4e-6 on oneDNN's
+ * AVX2 path and 1.55e-5 on its AVX-512 brgemm (AMD EPYC, family 26), 5.9e-7 for numpy's float32 run. Losses and
+ * SGD weights keep TOL. */
+#define TOL_ADAM_W 5e-5
 #define MAXP 8
 
 /* Each test process generates its own copy (criterion runs tests in parallel processes). */
@@ -143,12 +149,14 @@ static void golden(const char *model, const char *opt) {
         snprintf(f32name, sizeof f32name, "%s_f32", names[p]);
         eng_tensor *r32 = load_npy(refdir, f32name);
         double e = rel_err_f32_f64(w[p], r->data, sizes[p]);
-        /* the library path meets 1e-5 on every weight, even where a plain float32 numpy run of the same steps
-         * does not (printed for comparison); the CLI path is checked in tests/integration/test_golden.py */
+        /* the library path meets 1e-5 on every weight but Adam's (see TOL_ADAM_W), even where a plain float32
+         * numpy run of the same steps does not (printed for comparison); the CLI path is checked in
+         * tests/integration/test_golden.py */
         double f32 = rel_err_f32_f64(r32->data, r->data, sizes[p]);
         fprintf(stderr, "golden %s/%s weight %-8s max|a-b|/max|b| = %.2e (float32 numpy: %.1e)\n", model, opt, names[p],
                 e, f32);
-        cr_expect_leq(e, TOL, "%s/%s: weight %s relative error %.3g > %g", model, opt, names[p], e, TOL);
+        double tol = strcmp(opt, "adam") == 0 ? TOL_ADAM_W : TOL;
+        cr_expect_leq(e, tol, "%s/%s: weight %s relative error %.3g > %g", model, opt, names[p], e, tol);
         eng_tensor_destroy(&r);
         eng_tensor_destroy(&r32);
     }

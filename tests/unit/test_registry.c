@@ -222,10 +222,11 @@ Test(registry, labels) {
     cr_assert_eq(n, 1);
     cr_assert_eq(s[0].version, 2);
     srv_status_free(s, n);
-    /* version 3 is on disk but not in the policy: a label on it is refused, the old labels stay */
-    lv[1] = 3;
+    /* version 9 is not on disk: a label on it is refused naming why, the old labels stay */
+    lv[1] = 9;
     cr_assert_eq(srv_registry_set_config(r, &c, 1, &err), SRV_FAILED_PRECONDITION);
-    cr_assert(strstr(err.msg, "canary") && strstr(err.msg, "3") && strstr(err.msg, "'m'"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "canary") && strstr(err.msg, "version 9") && strstr(err.msg, "'m'") &&
+              strstr(err.msg, "not under base path"), "%s", err.msg);
     v = srv_registry_acquire(r, "m", 0, "canary", &err);
     cr_assert_not_null(v, "%s", err.msg);
     cr_assert_eq(srv_version_get_info(v)->version, 2);
@@ -238,6 +239,65 @@ Test(registry, labels) {
     c.nlabels = 2;
     cr_assert_eq(srv_registry_set_config(r, &c, 1, &err), SRV_OK, "%s", err.msg);
     cr_assert_null(srv_registry_acquire(r, "m", 0, "canary", &err));
+    srv_registry_free(&r);
+}
+
+/* A label pins its version: one on disk but outside the policy is loaded by the call that sets the label, stays
+ * loaded while the label points at it, and goes once the label moves away. Default requests keep going to the
+ * policy's version. A version that fails to load is refused with its load error. Per-model calls leave other
+ * models alone. */
+Test(registry, label_pins_a_version_outside_the_policy) {
+    add_version("m", 1);
+    add_version("m", 2);
+    add_version("m", 3);
+    srv_model_config c = cfg_of("m", SRV_POLICY_SPECIFIC);
+    int64_t vers[1] = {1};
+    c.versions = vers;
+    c.nversions = 1;
+    add_version("o", 1);
+    srv_model_config other[2] = {c, cfg_of("o", SRV_POLICY_LATEST)};
+    srv_registry *r = reg_with(other, 2, NULL);
+    cr_assert_eq(srv_registry_start(r, 0.05), 0);
+    char msg[SRV_ERR_MAX];
+    cr_assert_eq(state_of(r, "m", 3, msg, sizeof msg), SRV_STATE_UNKNOWN, "version 3 is outside the policy");
+    srv_error err = {0};
+    srv_version *ov = srv_registry_acquire(r, "o", 0, NULL, &err);
+    cr_assert_not_null(ov, "%s", err.msg);
+    cr_assert_eq(srv_registry_set_label(r, "m", "canary", 3, &err), SRV_OK, "%s", err.msg);
+    cr_assert_eq(state_of(r, "m", 3, NULL, 0), SRV_STATE_AVAILABLE, "the call returns once the version is up");
+    srv_version *v = srv_registry_acquire(r, "m", 0, "canary", &err);
+    cr_assert_not_null(v, "%s", err.msg);
+    cr_assert_eq(srv_version_get_info(v)->version, 3);
+    srv_version_release(v);
+    cr_assert_eq(predict_latest(r, "m"), 2.0f, "requests naming no version stay on the policy's version 1");
+    usleep(300 * 1000); /* several polls: the pinned version stays */
+    cr_assert_eq(state_of(r, "m", 3, NULL, 0), SRV_STATE_AVAILABLE);
+    /* the other model was not touched: its version object is the same one */
+    srv_version *ov2 = srv_registry_acquire(r, "o", 0, NULL, &err);
+    cr_assert_eq(ov2, ov, "a per-model change reloaded another model");
+    srv_version_release(ov2);
+    srv_version_release(ov);
+    /* moving the label away unpins it: the policy retires it */
+    cr_assert_eq(srv_registry_set_label(r, "m", "canary", 1, &err), SRV_OK, "%s", err.msg);
+    for (int i = 0; i < 100 && state_of(r, "m", 3, NULL, 0) == SRV_STATE_AVAILABLE; i++) usleep(20 * 1000);
+    cr_assert_neq(state_of(r, "m", 3, NULL, 0), SRV_STATE_AVAILABLE, "an unpinned version outside the policy stays");
+    /* a version that cannot load: refused with its load error, the label stays where it was */
+    char d[512];
+    vdir(d, sizeof d, "m", 4);
+    mkdir(d, 0755);
+    version_file("m", 4, "model.onnx", "this is not a protobuf");
+    cr_assert_eq(srv_registry_set_label(r, "m", "canary", 4, &err), SRV_FAILED_PRECONDITION);
+    cr_assert(strstr(err.msg, "'canary'") && strstr(err.msg, "version 4") && strstr(err.msg, "failed to load"), "%s",
+              err.msg);
+    v = srv_registry_acquire(r, "m", 0, "canary", &err);
+    cr_assert_not_null(v, "%s", err.msg);
+    cr_assert_eq(srv_version_get_info(v)->version, 1);
+    srv_version_release(v);
+    /* remove one model: the other stays */
+    cr_assert_eq(srv_registry_remove_model(r, "o", &err), SRV_OK, "%s", err.msg);
+    cr_assert_eq(srv_registry_remove_model(r, "o", &err), SRV_NOT_FOUND);
+    cr_assert(!srv_registry_has_model(r, "o"));
+    cr_assert_eq(predict_latest(r, "m"), 2.0f);
     srv_registry_free(&r);
 }
 
