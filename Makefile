@@ -27,7 +27,7 @@ WERROR := $(if $(CI),-Werror,)
 CFLAGS_BASE := -std=gnu11 -march=$(ARCH) $(OPT) -fno-math-errno -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
 	$(WERROR) -fopenmp -fPIC -I. -I$(GEN) -I$(GEN)/proto $(SANFLAGS)
 CFLAGS += $(CFLAGS_BASE)
-LDLIBS := -lgrpc -lgpr -lmicrohttpd -lcjson -lsqlite3 -ldnnl -lopenblas -lprotobuf-c -lz -lm -lpthread -fopenmp $(SANFLAGS)
+LDLIBS := -lgrpc -lgpr -lmicrohttpd -lcjson -lsqlite3 -ldnnl -lopenblas -lprotobuf-c -lcrypto -lz -lm -lpthread -fopenmp $(SANFLAGS)
 
 # ---- feature detection: one line per feature ----
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -51,7 +51,9 @@ PROTO_SRC := $(wildcard proto/*.proto)
 PROTO_C := $(patsubst proto/%.proto,$(GEN)/proto/%.pb-c.c,$(PROTO_SRC))
 PROTO_H := $(PROTO_C:.c=.h)
 PROTO_OBJ := $(PROTO_C:.c=.o)
-BIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(BIN_SRC)) $(PROTO_OBJ)
+# The admin dashboard (admin/dashboard.html: HTML, CSS and JS in one file, no build step) is embedded in the binary.
+DASH_C := $(GEN)/dashboard-html.c
+BIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(BIN_SRC)) $(PROTO_OBJ) $(DASH_C:.c=.o)
 CU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
@@ -69,6 +71,13 @@ $(GEN)/onnx.pb-c.o: $(GEN)/onnx.pb-c.c
 $(PROTO_C) $(PROTO_H) &: $(PROTO_SRC)
 	@mkdir -p $(GEN)/proto
 	protoc-c --c_out=$(GEN)/proto -Iproto $(PROTO_SRC)
+
+$(DASH_C): admin/dashboard.html
+	@mkdir -p $(GEN)
+	xxd -i -n adm_dashboard_html $< > $@.tmp && mv $@.tmp $@
+
+$(DASH_C:.c=.o): $(DASH_C)
+	$(CC) $(CFLAGS_BASE) -w -c $< -o $@
 
 $(GEN)/proto/%.pb-c.o: $(GEN)/proto/%.pb-c.c $(PROTO_H)
 	$(CC) $(CFLAGS_BASE) -w -c $< -o $@
@@ -99,7 +108,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a $(PROTO_H) Makefile
 # ---- dependencies ----
 APT_PKGS := build-essential clang libclang-rt-14-dev pkg-config libdnnl-dev libopenblas-dev libprotobuf-c-dev \
 	protobuf-c-compiler libonnx-dev libonnx-testdata libmicrohttpd-dev libcjson-dev libsqlite3-dev libcriterion-dev zlib1g-dev libgrpc-dev \
-	dataset-fashion-mnist python3-venv python3-pip curl wrk python3-torchvision python3-onnx
+	libssl-dev xxd chromium dataset-fashion-mnist python3-venv python3-pip curl wrk python3-torchvision python3-onnx
 deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	 $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $(APT_PKGS)

@@ -2,6 +2,9 @@
  * themselves are the server's (adm_ops). One thread per connection: admin calls are few and may wait for loads.
  */
 #include "admin/admin.h"
+#include "admin/admin-http.h"
+#include "admin/datasets.h"
+#include "admin/jobs.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -15,6 +18,8 @@
 #include <time.h>
 
 #define ADM_PREFIX "/v1/admin/models"
+#define ADM_DATASETS "/v1/admin/datasets"
+#define ADM_JOBS "/v1/admin/jobs"
 #define ADM_FAIL_SLOTS 256
 #define ADM_FAIL_MAX 5          /* failures within ADM_FAIL_WINDOW_MS before the back-off */
 #define ADM_FAIL_WINDOW_MS 60000
@@ -29,6 +34,8 @@ typedef struct adm_fail {
 struct adm_server {
     struct MHD_Daemon *d;
     adm_ops ops;
+    adm_datasets *datasets; /* NULL without --state_dir */
+    adm_jobs *jobs;         /* NULL without --state_dir */
     char *token;
     pthread_mutex_t mu;
     adm_fail fails[ADM_FAIL_SLOTS];
@@ -38,6 +45,9 @@ typedef struct adm_req {
     char *body;
     size_t len;
     int too_big;
+    int answered;   /* a refusal was queued before the body */
+    int datasets;   /* handled by datasets.c (ds_ctx is its state) */
+    void *ds_ctx;
 } adm_req;
 
 static int64_t adm_now_ms(void) {
@@ -46,7 +56,7 @@ static int64_t adm_now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static enum MHD_Result adm_send(struct MHD_Connection *c, int status, char *body, const char *retry_after) {
+enum MHD_Result adm_send(struct MHD_Connection *c, int status, char *body, const char *retry_after) {
     size_t n = body ? strlen(body) : 0;
     struct MHD_Response *r = MHD_create_response_from_buffer(n, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE
                                                                                                 : MHD_RESPMEM_PERSISTENT);
@@ -62,7 +72,7 @@ static enum MHD_Result adm_send(struct MHD_Connection *c, int status, char *body
     return ret;
 }
 
-static enum MHD_Result adm_error(struct MHD_Connection *c, int status, const char *msg) {
+enum MHD_Result adm_error(struct MHD_Connection *c, int status, const char *msg) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "error", msg);
     char *s = cJSON_PrintUnformatted(o);
@@ -70,7 +80,7 @@ static enum MHD_Result adm_error(struct MHD_Connection *c, int status, const cha
     return adm_send(c, status, s, status == 429 || status == 503 ? "1" : NULL);
 }
 
-static int adm_http(srv_code c) {
+int adm_http(srv_code c) {
     switch (c) {
     case SRV_OK: return 200;
     case SRV_INVALID_ARGUMENT: case SRV_FAILED_PRECONDITION: case SRV_OUT_OF_RANGE: return 400;
@@ -86,7 +96,7 @@ static int adm_http(srv_code c) {
     }
 }
 
-static enum MHD_Result adm_code(struct MHD_Connection *c, const srv_error *e) {
+enum MHD_Result adm_code(struct MHD_Connection *c, const srv_error *e) {
     return adm_error(c, adm_http(e->code == SRV_OK ? SRV_INTERNAL : e->code), e->msg);
 }
 
@@ -290,7 +300,7 @@ static int adm_has_nul(const char *b, size_t n) {
 }
 
 /* Split the path after the prefix: "" | "/{m}" | "/{m}/traffic" | "/{m}/labels/{l}". -1: not a route. */
-static int adm_route(const char *url, char *model, char *label) {
+static int adm_route_of(const char *url, char *model, char *label) {
     model[0] = label[0] = '\0';
     if (strncmp(url, ADM_PREFIX, sizeof ADM_PREFIX - 1) != 0) return -1;
     const char *p = url + sizeof ADM_PREFIX - 1;
@@ -322,7 +332,7 @@ static int adm_route(const char *url, char *model, char *label) {
 static enum MHD_Result adm_dispatch(adm_server *s, struct MHD_Connection *c, const char *method, const char *url,
                                     const adm_req *rq) {
     char model[256], label[256];
-    int kind = adm_route(url, model, label);
+    int kind = adm_route_of(url, model, label);
     if (kind == -1) return adm_error(c, 404, "no such admin route: /v1/admin/models[/{m}[/traffic|/labels/{l}]]");
     if (kind == -2 || (kind >= 1 && !srv_name_valid(model)) || (kind == 3 && !srv_name_valid(label)))
         return adm_error(c, 400, "invalid model or label name in the URL ([A-Za-z0-9_.-], at most 255 bytes)");
@@ -369,6 +379,51 @@ static enum MHD_Result adm_dispatch(adm_server *s, struct MHD_Connection *c, con
     return ret;
 }
 
+/* The bearer token and the back-off: 1 when the request may go on, else 0 with the refusal queued in *ret. */
+static int adm_authorized(adm_server *s, struct MHD_Connection *c, enum MHD_Result *ret) {
+    char addr[64];
+    adm_addr(c, addr, sizeof addr);
+    int64_t wait = adm_blocked(s, addr);
+    if (wait > 0) {
+        char m[160];
+        snprintf(m, sizeof m, "too many failed admin logins from %s: retry in %lld ms", addr, (long long)wait);
+        *ret = adm_error(c, 429, m);
+        return 0;
+    }
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!srv_bearer_ok(auth, s->token)) {
+        adm_failed(s, addr);
+        *ret = adm_error(c, 401, auth ? "the admin token is wrong" : "the admin API needs 'Authorization: Bearer <token>'");
+        return 0;
+    }
+    adm_succeeded(s, addr);
+    return 1;
+}
+
+/* The dashboard page (admin/dashboard.html, embedded at build time): served without a token, since it holds no
+ * secret; the page asks for the token and sends it with each API call. */
+extern unsigned char adm_dashboard_html[];
+extern unsigned int adm_dashboard_html_len;
+
+static enum MHD_Result adm_dashboard(struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(adm_dashboard_html_len, adm_dashboard_html,
+                                                             MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(r, "Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
+                                                          "style-src 'unsafe-inline'; img-src 'self' data:");
+    MHD_add_response_header(r, "X-Frame-Options", "DENY");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static int adm_is_datasets(const char *url) {
+    size_t n = sizeof ADM_DATASETS - 1;
+    return strncmp(url, ADM_DATASETS, n) == 0 && (url[n] == '\0' || url[n] == '/' || url[n] == '?');
+}
+
 static enum MHD_Result adm_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                    const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     adm_server *s = cls;
@@ -377,10 +432,28 @@ static enum MHD_Result adm_handler(void *cls, struct MHD_Connection *c, const ch
     if (!rq) { /* headers are in: check before any body byte is read */
         if (!(rq = calloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
+        if (adm_is_datasets(url)) { /* uploads stream to disk: only an authorized one gets that far */
+            enum MHD_Result ret;
+            if (!adm_authorized(s, c, &ret)) {
+                rq->answered = 1;
+                return ret;
+            }
+            if (!s->datasets) {
+                rq->answered = 1;
+                return adm_error(c, 503, "datasets need --state_dir (they are stored there)");
+            }
+            rq->datasets = 1;
+            return adm_datasets_access(s->datasets, c, url, method, upload, upload_size, &rq->ds_ctx);
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > ADM_MAX_BODY) rq->too_big = 1;
         return MHD_YES;
     }
+    if (rq->answered) { /* refused before the body: drop what comes */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (rq->datasets) return adm_datasets_access(s->datasets, c, url, method, upload, upload_size, &rq->ds_ctx);
     if (*upload_size) {
         if (rq->too_big || rq->len + *upload_size > ADM_MAX_BODY) {
             rq->too_big = 1;
@@ -395,28 +468,40 @@ static enum MHD_Result adm_handler(void *cls, struct MHD_Connection *c, const ch
         *upload_size = 0;
         return MHD_YES;
     }
-    char addr[64];
-    adm_addr(c, addr, sizeof addr);
-    int64_t wait = adm_blocked(s, addr);
-    if (wait > 0) {
-        char m[160];
-        snprintf(m, sizeof m, "too many failed admin logins from %s: retry in %lld ms", addr, (long long)wait);
-        return adm_error(c, 429, m);
-    }
-    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!srv_bearer_ok(auth, s->token)) {
-        adm_failed(s, addr);
-        return adm_error(c, 401, auth ? "the admin token is wrong" : "the admin API needs 'Authorization: Bearer <token>'");
-    }
-    adm_succeeded(s, addr);
+    if (!strcmp(method, "GET") && (!strcmp(url, "/") || !strcmp(url, "/index.html"))) return adm_dashboard(c);
+    enum MHD_Result ret;
+    if (!adm_authorized(s, c, &ret)) return ret;
     if (rq->too_big) return adm_error(c, 413, "the admin request body is over 1 MiB");
+    if (!strncmp(url, ADM_JOBS, sizeof ADM_JOBS - 1) && (url[sizeof ADM_JOBS - 1] == '\0' || url[sizeof ADM_JOBS - 1] == '/')) {
+        if (rq->len && adm_has_nul(rq->body, rq->len))
+            return adm_error(c, 400, "the request body holds a NUL character (raw or \\u0000): names and paths cannot");
+        return adm_jobs_handle(s->jobs, c, method, url, rq->body, rq->len);
+    }
+    if (!strcmp(url, "/v1/admin/metrics")) {
+        if (strcmp(method, "GET") != 0) return adm_error(c, 405, "GET /v1/admin/metrics");
+        char *text = NULL;
+        size_t n = 0;
+        srv_error err = {0};
+        if (s->ops.metrics(s->ops.ctx, &text, &n, &err) != SRV_OK) return adm_code(c, &err);
+        struct MHD_Response *r = MHD_create_response_from_buffer(n, text, MHD_RESPMEM_MUST_FREE);
+        if (!r) {
+            free(text);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
+        ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     return adm_dispatch(s, c, method, url, rq);
 }
 
 static void adm_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    adm_server *s = cls;
+    (void)c, (void)toe;
     adm_req *rq = *con_cls;
     if (rq) {
+        if (rq->datasets) adm_datasets_done(s->datasets, rq->ds_ctx);
         free(rq->body);
         free(rq);
     }
@@ -456,6 +541,8 @@ adm_server *adm_start(const adm_opts *o, const adm_ops *ops, srv_error *err) {
         return NULL;
     }
     s->ops = *ops;
+    s->datasets = o->datasets;
+    s->jobs = o->jobs;
     pthread_mutex_init(&s->mu, NULL);
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
                                 (v6 ? MHD_USE_IPv6 : 0),

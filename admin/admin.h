@@ -8,7 +8,8 @@
  *                                                  once a version is AVAILABLE, or with the load error (the model
  *                                                  is then not added)
  *   DELETE /v1/admin/models/{m}                    unload it (each version once its in-flight requests finish)
- *   PUT    /v1/admin/models/{m}/labels/{label}     {"version": n}: set or move a label (the version must be AVAILABLE)
+ *   PUT    /v1/admin/models/{m}/labels/{label}     {"version": n}: set or move a label (a version on disk but not
+ *                                                  loaded is loaded first; the label pins it)
  *   GET    /v1/admin/models/{m}/traffic            the model's routes
  *   PUT    /v1/admin/models/{m}/traffic            {"routes": {"stable": 90, "canary": 10}, "sticky_header"?, "shadow"?,
  *                                                  "auto_rollback"?: {"max_error_rate": 0.02, "max_p99_ratio": 2.0,
@@ -17,7 +18,13 @@
  *                                                  all traffic
  *   POST   /v1/admin/models/{m}:rollback           drop the canary route; after a promote, stable goes back to the
  *                                                  version it had before
- * Security: every route needs "Authorization: Bearer <token>" (constant-time comparison); the listener does not
+ *   GET    /v1/admin/metrics                       the server's Prometheus text (for the dashboard)
+ *   /v1/admin/datasets...                          uploaded training data (datasets.h)
+ *   /v1/admin/jobs...                              training jobs (jobs.h)
+ *   GET    / (and /index.html)                     the dashboard page, served without a token (it holds no secret;
+ *                                                  it asks for the token and sends it with every call)
+ * Security: every route but the page needs "Authorization: Bearer <token>" (constant-time comparison; for datasets
+ * checked as soon as the headers are in, before an upload's body is read); the listener does not
  * open with a token under 32 characters (128 bits as hex); an address that failed 5 times within a minute gets 429
  * for a doubling back-off (up to 60 s); bodies over 1 MiB are refused with 413 before they are read; names are
  * checked ([A-Za-z0-9_.-], not "." or "..", at most 255 bytes) before anything else.
@@ -42,6 +49,21 @@ typedef struct adm_split {
     int window_s, min_requests;
 } adm_split;
 
+/* One served version as the job queue needs it (adm_ops.model_info). */
+#define ADM_IO_MAX 16
+typedef struct adm_io {
+    char name[256];             /* the name the model's graph gives it (what training feeds) */
+    int dtype;                  /* eng_dtype */
+    int ndim;                   /* -1: unknown rank */
+    int64_t dims[8];            /* -1: free (the batch) */
+} adm_io;
+typedef struct adm_model_info {
+    char base_path[4096];
+    int64_t version;            /* resolved */
+    int ninputs, noutputs;
+    adm_io inputs[ADM_IO_MAX], outputs[ADM_IO_MAX];
+} adm_model_info;
+
 /* The calls server/ hands the admin room. JSON results are malloc'd text. */
 typedef struct adm_ops {
     void *ctx;
@@ -53,12 +75,21 @@ typedef struct adm_ops {
     srv_code (*set_traffic)(void *ctx, const char *model, const adm_split *split, srv_error *err);
     srv_code (*promote)(void *ctx, const char *model, srv_error *err);
     srv_code (*rollback)(void *ctx, const char *model, srv_error *err);
+    /* version: "latest" (or NULL: the version requests naming none get), a number, or a label; the version must be
+     * AVAILABLE. NOT_FOUND / UNAVAILABLE naming the model and version otherwise. */
+    srv_code (*model_info)(void *ctx, const char *model, const char *version, adm_model_info *out, srv_error *err);
+    /* The server's Prometheus text (what /metrics serves); *text malloc'd. */
+    srv_code (*metrics)(void *ctx, char **text, size_t *len, srv_error *err);
 } adm_ops;
 
+struct adm_datasets;
+struct adm_jobs;
 typedef struct adm_opts {
     const char *bind;   /* default 127.0.0.1 */
     int port;           /* > 0 */
     const char *token;  /* required, >= ADM_MIN_TOKEN characters */
+    struct adm_datasets *datasets; /* /v1/admin/datasets (datasets.h); NULL: those routes answer 503 */
+    struct adm_jobs *jobs;         /* /v1/admin/jobs (jobs.h); NULL: those routes answer 503 */
 } adm_opts;
 #define ADM_MIN_TOKEN 32
 #define ADM_MAX_BODY (1 << 20)

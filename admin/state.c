@@ -14,7 +14,7 @@
  *    last of them removes the row in the same transaction).
  */
 #define _GNU_SOURCE
-#include "state.h"
+#include "state-impl.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -27,7 +27,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ADM_FAULT (-1)   /* q_step's result for an injected fault (tests) */
 
 enum {
     ST_BEGIN, ST_BEGIN_READ, ST_COMMIT, ST_ROLLBACK,
@@ -39,6 +38,7 @@ enum {
     ST_LOAD_MODELS, ST_LOAD_LABELS, ST_LOAD_TRAFFIC, ST_LOAD_ROUTES,
     ST_N
 };
+_Static_assert(ST_N <= 32, "state.c's statements outgrew adm_state.st");
 
 static const char *const stmt_sql[ST_N] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
@@ -115,18 +115,43 @@ static const char schema_v1[] =
  * restart); a schema-1 file is migrated in the transaction that opens it. */
 static const char schema_v2_add[] = "CREATE TABLE removed (name TEXT PRIMARY KEY NOT NULL);";
 
+/* Schema 3 adds the uploaded datasets and the training jobs (state-datasets.c, state-jobs.c). */
+static const char schema_v3_add[] =
+    "CREATE TABLE datasets ("
+    "  id TEXT PRIMARY KEY NOT NULL,"
+    "  format TEXT NOT NULL,"
+    "  dir TEXT NOT NULL,"
+    "  files_json TEXT NOT NULL,"
+    "  records INTEGER NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  sha256 TEXT NOT NULL,"
+    "  columns_json TEXT,"
+    "  created_ms INTEGER NOT NULL);"
+    "CREATE TABLE jobs ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  model TEXT NOT NULL,"
+    "  dataset TEXT NOT NULL,"
+    "  val_dataset TEXT,"
+    "  spec_json TEXT NOT NULL,"
+    "  state TEXT NOT NULL CHECK (state IN ('QUEUED', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')),"
+    "  base_version INTEGER,"
+    "  new_version INTEGER,"
+    "  progress_json TEXT,"
+    "  result_json TEXT,"
+    "  reason TEXT,"
+    "  created_ms INTEGER NOT NULL,"
+    "  started_ms INTEGER,"
+    "  ended_ms INTEGER);"
+    "CREATE INDEX jobs_by_state ON jobs(state, id);";
+
+static const char *const schema_add[] = {NULL, NULL, schema_v2_add, schema_v3_add}; /* [v]: v-1 -> v */
+
 /* The tables a file must hold (sorted as ST_TABLES lists them), and the schema each came with. */
-static const char *const tables_all[] = {"events", "labels", "models", "removed", "routes", "schema_version", "traffic"};
-static const int tables_since[] = {1, 1, 1, 2, 1, 1, 1};
+static const char *const tables_all[] = {"datasets", "events", "jobs", "labels", "models", "removed", "routes",
+                                         "schema_version", "traffic"};
+static const int tables_since[] = {3, 1, 3, 1, 1, 2, 1, 1, 1};
 #define NTABLES ((int)(sizeof tables_all / sizeof tables_all[0]))
 
-struct adm_state {
-    pthread_mutex_t mu;        /* held by every public call for its whole length */
-    sqlite3 *db;
-    char *path;                /* <dir>/tensord-state.sqlite3, as messages name it */
-    sqlite3_stmt *st[ST_N];    /* stmt_sql[i], prepared on first use */
-    int fault_step;            /* tests: > 0 makes the fault_step-th statement step from now fail (then 0) */
-};
 
 /* ---- errors ---- */
 
@@ -252,6 +277,8 @@ static int col_dup(sqlite3_stmt *q, int i, char **dst) {
 static void reset_all(adm_state *s) {
     for (int i = 0; i < ST_N; i++)
         if (s->st[i]) sqlite3_reset(s->st[i]);
+    for (int i = 0; i < ADM_EXT_STMTS; i++)
+        if (s->ext[i]) sqlite3_reset(s->ext[i]);
 }
 
 static srv_code tx_begin(adm_state *s, int write, const char *what, srv_error *err) {
@@ -311,6 +338,45 @@ static srv_code pragma(adm_state *s, const char *sql, char *buf, size_t cap, srv
     return c;
 }
 
+static int64_t now_unix_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- for the other state files (state-impl.h) ---- */
+
+srv_code adm_st_begin(adm_state *s, int write, const char *what, srv_error *err) { return tx_begin(s, write, what, err); }
+srv_code adm_st_end(adm_state *s, srv_code c, const char *what, srv_error *err) { return tx_end(s, c, what, err); }
+srv_code adm_st_fail(adm_state *s, int rc, srv_error *err, const char *what) { return db_fail(s, rc, err, what); }
+srv_code adm_st_oom(adm_state *s, srv_error *err, const char *what) { return oom(s, err, what); }
+int adm_st_step(adm_state *s, sqlite3_stmt *q) { return q_step(s, q); }
+srv_code adm_st_exec(adm_state *s, sqlite3_stmt *q, const char *what, srv_error *err) { return q_exec(s, q, what, err); }
+int adm_st_bind_text(sqlite3_stmt *q, int i, const char *v) { return b_text(q, i, v); }
+int adm_st_col_dup(sqlite3_stmt *q, int i, char **dst) { return col_dup(q, i, dst); }
+srv_code adm_st_check_handle(adm_state *s, srv_error *err) { return check_handle(s, err); }
+srv_code adm_st_check_name(const char *kind, const char *name, srv_error *err) { return check_name(kind, name, err); }
+srv_code adm_st_check_json(const char *kind, const char *what, const char *text, int want_object, srv_error *err) {
+    return check_json(kind, what, text, want_object, err);
+}
+int64_t adm_st_now_ms(void) { return now_unix_ms(); }
+
+srv_code adm_st_prepare(adm_state *s, int slot, const char *sql, sqlite3_stmt **q, const char *what, srv_error *err) {
+    if (slot < 0 || slot >= ADM_EXT_STMTS) return srv_err(err, SRV_INTERNAL, "%s: statement slot %d out of range", what, slot);
+    if (!s->ext[slot]) {
+        int rc = sqlite3_prepare_v3(s->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &s->ext[slot], NULL);
+        if (rc != SQLITE_OK) {
+            s->ext[slot] = NULL;
+            return db_fail(s, rc, err, what);
+        }
+    } else {
+        sqlite3_reset(s->ext[slot]);
+        sqlite3_clear_bindings(s->ext[slot]);
+    }
+    *q = s->ext[slot];
+    return SRV_OK;
+}
+
 /* ---- open, schema, free ---- */
 
 /* Inside BEGIN IMMEDIATE: create schema 1 in an empty file, or check the one there. */
@@ -336,7 +402,8 @@ static srv_code schema_check(adm_state *s, srv_error *err) {
     sqlite3_reset(q);
     if (nfound == 0 && other == 0) {
         if ((c = exec_script(s, schema_v1, "creating the schema", err))) return c;
-        if ((c = exec_script(s, schema_v2_add, "creating the schema", err))) return c;
+        for (int k = 2; k <= ADM_STATE_SCHEMA; k++)
+            if ((c = exec_script(s, schema_add[k], "creating the schema", err))) return c;
         if ((c = q_get(s, ST_SCHEMA_SET, &q, "creating the schema", err))) return c;
         if ((rc = sqlite3_bind_int(q, 1, ADM_STATE_SCHEMA))) return db_fail(s, rc, err, "creating the schema");
         return q_exec(s, q, "creating the schema", err);
@@ -368,11 +435,12 @@ static srv_code schema_check(adm_state *s, srv_error *err) {
             return srv_err(err, SRV_DATA_LOSS, "state file '%s' is corrupt: schema version %lld but no table '%s'",
                            s->path, (long long)v, tables_all[i]);
     }
-    if (v < 2) { /* migrate 1 -> 2 */
-        const char *mw = "migrating the schema to version 2";
-        if ((c = exec_script(s, schema_v2_add, mw, err))) return c;
+    for (int k = (int)v + 1; k <= ADM_STATE_SCHEMA; k++) { /* migrate k-1 -> k */
+        char mw[64];
+        snprintf(mw, sizeof mw, "migrating the schema to version %d", k);
+        if ((c = exec_script(s, schema_add[k], mw, err))) return c;
         if ((c = q_get(s, ST_SCHEMA_UPDATE, &q, mw, err))) return c;
-        if ((rc = sqlite3_bind_int(q, 1, 2))) return db_fail(s, rc, err, mw);
+        if ((rc = sqlite3_bind_int(q, 1, k))) return db_fail(s, rc, err, mw);
         if ((c = q_exec(s, q, mw, err))) return c;
     }
     return SRV_OK;
@@ -466,6 +534,7 @@ void adm_state_free(adm_state **sp) {
     if (!sp || !*sp) return;
     adm_state *s = *sp;
     for (int i = 0; i < ST_N; i++) sqlite3_finalize(s->st[i]);
+    for (int i = 0; i < ADM_EXT_STMTS; i++) sqlite3_finalize(s->ext[i]);
     sqlite3_close_v2(s->db);   /* the last connection checkpoints the WAL into the file */
     pthread_mutex_destroy(&s->mu);
     free(s->path);
@@ -678,11 +747,6 @@ srv_code adm_state_put_traffic(adm_state *s, const char *model, const adm_traffi
     return c;
 }
 
-static int64_t now_unix_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 srv_code adm_state_add_event(adm_state *s, const char *model, const char *event, const char *detail_json,
                              srv_error *err) {

@@ -26,8 +26,8 @@
 #include "../server/srv.h"
 
 #define ADM_STATE_FILE "tensord-state.sqlite3"
-#define ADM_STATE_SCHEMA 2   /* the schema this build writes and reads (a schema-1 file is migrated when opened); a
-                              * file with a newer one is refused */
+#define ADM_STATE_SCHEMA 3   /* the schema this build writes and reads (an older file is migrated when opened); a file
+                              * with a newer one is refused */
 #define ADM_WEIGHT_MAX 1000000
 #define ADM_JSON_MAX 65536
 #define ADM_ROUTES_MAX 1024

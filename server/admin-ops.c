@@ -441,10 +441,56 @@ static srv_code ops_rollback(void *ctx, const char *model, srv_error *err) {
     return rc;
 }
 
+/* ---- for the job queue: a served version's signature, and the metrics ---- */
+
+static void io_copy(adm_io *d, const srv_io *s) {
+    snprintf(d->name, sizeof d->name, "%s", s->onnx_name ? s->onnx_name : s->name);
+    d->dtype = (int)s->dtype;
+    d->ndim = s->ndim;
+    for (int k = 0; k < s->ndim && k < 8; k++) d->dims[k] = s->dims[k];
+}
+
+static srv_code ops_model_info(void *ctx, const char *model, const char *version, adm_model_info *out, srv_error *err) {
+    srv_admin_ctx *a = ctx;
+    memset(out, 0, sizeof *out);
+    int64_t v = 0;
+    const char *label = NULL;
+    if (version && *version && strcmp(version, "latest") != 0) {
+        char *end = NULL;
+        long long x = strtoll(version, &end, 10);
+        if (*end == '\0' && x > 0) v = x;
+        else label = version;
+    }
+    srv_version *sv = srv_registry_acquire(a->reg, model, v, label, err);
+    if (!sv) return err->code;
+    const srv_version_info *info = srv_version_get_info(sv);
+    srv_model_config m;
+    srv_code rc = srv_registry_get_model(a->reg, model, &m, err);
+    if (rc == SRV_OK) {
+        snprintf(out->base_path, sizeof out->base_path, "%s", m.base_path);
+        srv_model_config_free(&m);
+        out->version = info->version;
+        if (info->ninputs > ADM_IO_MAX || info->noutputs > ADM_IO_MAX)
+            rc = srv_err(err, SRV_UNIMPLEMENTED, "model '%s' version %lld has more than %d inputs or outputs", model,
+                         (long long)info->version, ADM_IO_MAX);
+        for (int i = 0; rc == SRV_OK && i < info->ninputs; i++) io_copy(&out->inputs[out->ninputs++], &info->inputs[i]);
+        for (int i = 0; rc == SRV_OK && i < info->noutputs; i++) io_copy(&out->outputs[out->noutputs++], &info->outputs[i]);
+    }
+    srv_version_release(sv);
+    return rc;
+}
+
+static srv_code ops_metrics(void *ctx, char **text, size_t *len, srv_error *err) {
+    srv_admin_ctx *a = ctx;
+    *text = a->m ? srv_metrics_render(a->m, len) : strdup("");
+    if (!a->m && *text) *len = 0;
+    return *text ? SRV_OK : srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory rendering the metrics");
+}
+
 adm_ops srv_admin_ops(srv_admin_ctx *a) {
     adm_ops o = {.ctx = a, .list = ops_list, .add = ops_add, .remove = ops_remove, .set_label = ops_set_label,
                  .get_traffic = ops_get_traffic, .set_traffic = ops_set_traffic, .promote = ops_promote,
-                 .rollback = ops_rollback};
+                 .rollback = ops_rollback, .model_info = ops_model_info, .metrics = ops_metrics};
     return o;
 }
 

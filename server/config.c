@@ -54,6 +54,9 @@ static const opt_def opt_table[] = {
     {"admin_bind", OPT_STR, O(admin_bind)},
     {"model_root", OPT_STR, O(model_root)},
     {"state_dir", OPT_STR, O(state_dir)},
+    {"max_upload_bytes", OPT_I64, O(max_upload_bytes)},
+    {"dataset_quota_bytes", OPT_I64, O(dataset_quota_bytes)},
+    {"max_concurrent_jobs", OPT_INT, O(max_concurrent_jobs)},
 };
 #undef O
 
@@ -130,6 +133,9 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     o->instances_per_version = -1;
     o->grpc_max_receive_bytes = 64 << 20;
     o->admin_port = 8502;
+    o->max_upload_bytes = (int64_t)1 << 30;    /* 1 GiB per dataset upload */
+    o->dataset_quota_bytes = (int64_t)10 << 30; /* 10 GiB of datasets in all */
+    o->max_concurrent_jobs = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0)
@@ -226,7 +232,11 @@ static srv_code cfg_auto_rollback(const srv_tp *t, const char *what, srv_model_c
     }
     for (int i = 0; i < 4; i++) {
         int rc = srv_tp_double(a, f[i].name, &v[i], err);
-        if (rc == -2) return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback: %s", what, c->name, err->msg);
+        if (rc == -2) {
+            char m[sizeof err->msg];
+            snprintf(m, sizeof m, "%s", err->msg); /* srv_err writes into err->msg */
+            return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback: %s", what, c->name, m);
+        }
         if (rc == 0 && !(v[i] >= f[i].lo && v[i] <= f[i].hi))
             return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback %s must be %g..%g, got %g", what,
                            c->name, f[i].name, f[i].lo, f[i].hi, v[i]);

@@ -46,6 +46,9 @@ typedef struct srv_options {
     char *admin_bind;                  /* --admin_bind, default 127.0.0.1 */
     char *model_root;                  /* --model_root: admin-added base paths must resolve inside it */
     char *state_dir;                   /* --state_dir: admin changes kept in its SQLite file (NULL: not kept) */
+    int64_t max_upload_bytes;          /* --max_upload_bytes: one dataset upload, 1 GiB */
+    int64_t dataset_quota_bytes;       /* --dataset_quota_bytes: all datasets together, 10 GiB */
+    int max_concurrent_jobs;           /* --max_concurrent_jobs: training jobs running at once on the CPU, 1 */
 } srv_options;
 
 /* Parse `tensord serve` flags (argv[0] is "serve"). Accepts --flag=value and --flag value, booleans as

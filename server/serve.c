@@ -22,6 +22,8 @@
 #include "metrics.h"
 #include "registry.h"
 #include "admin-ops.h"
+#include "admin/datasets.h"
+#include "admin/jobs.h"
 #include "grpc.h"
 #include "rest.h"
 
@@ -185,11 +187,28 @@ int srv_cmd_serve(int argc, char **argv) {
     if (srv_admin_monitor_start(&actx, srv_infer_canary(inf), metrics) != 0)
         srv_log(SRV_LOG_ERROR, "start", NULL, 0, "the automatic-rollback monitor did not start");
     adm_server *admin = NULL;
+    adm_datasets *datasets = NULL;
+    adm_jobs *jobs = NULL;
+    if (o.admin_port > 0 && o.admin_token && actx.state) { /* datasets and training jobs live under --state_dir */
+        adm_datasets_opts dopt = {.state_dir = o.state_dir, .state = actx.state, .max_upload_bytes = o.max_upload_bytes,
+                                  .quota_bytes = o.dataset_quota_bytes};
+        char exe[4096];
+        ssize_t en = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[en > 0 ? en : 0] = '\0';
+        if (!(datasets = adm_datasets_new(&dopt, &err))) {
+            srv_log(SRV_LOG_ERROR, "start", NULL, 0, "datasets are off: %s", err.msg);
+        } else {
+            adm_jobs_opts jopt = {.state = actx.state, .datasets = datasets, .ops = srv_admin_ops(&actx),
+                                  .state_dir = o.state_dir, .worker_exe = exe, .max_concurrent = o.max_concurrent_jobs};
+            if (!(jobs = adm_jobs_new(&jopt, &err))) srv_log(SRV_LOG_ERROR, "start", NULL, 0, "training jobs are off: %s", err.msg);
+        }
+    }
     if (o.admin_port > 0 && !o.admin_token) {
         srv_log(SRV_LOG_INFO, "listen", NULL, 0, "admin API off: no admin token (--admin_token_file or TENSORD_ADMIN_TOKEN)");
     } else if (o.admin_port > 0) {
         adm_ops ops = srv_admin_ops(&actx);
-        adm_opts aop = {.bind = o.admin_bind, .port = o.admin_port, .token = o.admin_token};
+        adm_opts aop = {.bind = o.admin_bind, .port = o.admin_port, .token = o.admin_token, .datasets = datasets,
+                        .jobs = jobs};
         admin = adm_start(&aop, &ops, &err);
         if (!admin) srv_log(SRV_LOG_ERROR, "listen", NULL, 0, "admin API not opened: %s", err.msg);
         else srv_log(SRV_LOG_INFO, "listen", NULL, 0, "admin API on %s:%d", o.admin_bind ? o.admin_bind : "127.0.0.1",
@@ -217,6 +236,8 @@ int srv_cmd_serve(int argc, char **argv) {
         break;
     }
     adm_stop(&admin); /* no admin changes while draining */
+    adm_jobs_free(&jobs); /* running jobs stay RUNNING in the state: the next start resumes them */
+    adm_datasets_free(&datasets);
     srv_admin_monitor_stop(&actx);
     srv_rest_quiesce(rest);
     srv_grpc_quiesce(grpc);

@@ -2,7 +2,8 @@
  *
  * Library code never exits on bad input: it returns an eng_status and records a message that names the
  * thing (model, node, input, expected vs got). The message lives in thread-local storage, so concurrent
- * requests on different threads do not clobber each other's errors.
+ * requests on different threads do not clobber each other's errors. The enum is append-only: callers and
+ * child processes may pass its values on.
  */
 #ifndef ENG_STATUS_H
 #define ENG_STATUS_H
@@ -19,6 +20,7 @@ typedef enum eng_status {
     ENG_STATUS_IO = 6,               /* read/write failure */
     ENG_STATUS_INTERNAL = 7,         /* broken invariant or vendor library failure */
     ENG_STATUS_NEEDS_DATA = 8,       /* shape inference needs the value of a non-constant input */
+    ENG_STATUS_CANCELLED = 9,        /* the caller asked a long operation to stop (e.g. eng_train's cancel flag) */
 } eng_status;
 
 /* Record a message for the calling thread and return `st`. printf-style. Never fails. */

@@ -1,6 +1,7 @@
 /* train-impl.h - what the training files share (engine/train*.c); not a public interface.
  *
- *   train.c          eng_train: base version, graphs (training + eval), data, sessions, the epoch loop
+ *   train.c          eng_train: base version, graphs (training + eval), data, sessions, the epoch loop,
+ *                    progress reports and the cancel flag
  *   train-loop.c     one step over R replicas (threads + all-reduce), validation, progress bar
  *   train-ckpt.c     checkpoints (binary, versioned, CRC-checked) and the atomic write helper with its test hook
  *   train-version.c  writing version N+1 (model.onnx, metrics.json, signature.json) atomically
@@ -60,6 +61,7 @@ typedef struct trn_state {
 } trn_state;
 
 #define TRN_MAX_STEPS_KEPT 100000 /* per-step losses kept for metrics.json */
+#define TRN_RATE_WINDOW 32        /* recent steps the ETA's step rate is taken over */
 
 eng_status trn_state_add_epoch(trn_state *s, const trn_epoch *e);
 eng_status trn_state_add_step(trn_state *s, int64_t step, double loss);
@@ -125,6 +127,9 @@ typedef struct trn_ctx {
     double t_start, last_draw;
     int progress_drawn;
     int stopped_by_max_steps;
+    int64_t resumed_from;   /* global step resume() restored (0: a fresh start) */
+    double step_dt[TRN_RATE_WINDOW]; /* seconds of the last steps (ring), for the ETA */
+    int64_t nstep_dt;       /* steps recorded in step_dt (all time; index = n % TRN_RATE_WINDOW) */
 } trn_ctx;
 
 /* train-loop.c */

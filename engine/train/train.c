@@ -5,6 +5,9 @@
  * to the model's inputs -> label range check -> sessions (one per replica, one for validation) -> optimizer ->
  * loader -> resume from the newest checkpoint if asked. State tensors (trainable params, then BatchNorm running
  * statistics) live in trainer-owned buffers and are fed to every run as inputs.
+ *
+ * Progress reports (opts.on_progress) read only trn_ctx state on the training thread; the cancel flag is polled
+ * at step boundaries, before validation, before an epoch-end checkpoint and before the version is written.
  */
 #include <errno.h>
 #include <math.h>
@@ -161,7 +164,17 @@ static eng_status build(trn_ctx *c) {
     ENG_TRY(eng_bundle_latest(c->base, &highest));
     c->base_version = o->base_version > 0 ? o->base_version : highest;
     if (c->base_version <= 0) return eng_err(ENG_STATUS_NOT_FOUND, "no version directory under '%s'", c->base);
-    c->new_version = (highest > c->base_version ? highest : c->base_version) + 1;
+    if (o->new_version > 0) {
+        c->new_version = o->new_version;
+        char vdir[4300];
+        struct stat sb;
+        ENG_TRY(eng_bundle_path(vdir, sizeof vdir, c->base, c->new_version, NULL));
+        if (lstat(vdir, &sb) == 0)
+            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "new_version %lld: '%s' already exists (nothing was written)",
+                           (long long)c->new_version, vdir);
+    } else {
+        c->new_version = (highest > c->base_version ? highest : c->base_version) + 1;
+    }
     char path[4300];
     ENG_TRY(eng_bundle_path(path, sizeof path, c->base, c->base_version, ENG_BUNDLE_MODEL_FILE));
     ENG_TRY(eng_onnx_load_file(path, &c->g0));
@@ -436,11 +449,71 @@ static eng_status end_epoch(trn_ctx *c, trn_epoch *e, int *stop) {
     return ENG_STATUS_OK;
 }
 
+static int cancelled(const trn_ctx *c) { return c->o->cancel && atomic_load(c->o->cancel) != 0; }
+
+static eng_status cancel_now(trn_ctx *c) {
+    if (c->progress_drawn) fputc('\n', stderr);
+    c->progress_drawn = 0;
+    return eng_err(ENG_STATUS_CANCELLED, "cancelled");
+}
+
+/* Steps left in the run (epochs, capped by max_steps) over the mean of the recent step times; NaN before the
+ * first step of this process. Early stopping cannot be foreseen, so this is an upper bound for such runs. */
+static double eta_s(const trn_ctx *c) {
+    int64_t total = (int64_t)c->o->epochs * c->steps_per_epoch;
+    if (c->o->max_steps > 0 && c->o->max_steps < total) total = c->o->max_steps;
+    int64_t left = total > c->st.global_step ? total - c->st.global_step : 0;
+    if (left == 0) return 0;
+    int64_t n = c->nstep_dt < TRN_RATE_WINDOW ? c->nstep_dt : TRN_RATE_WINDOW;
+    if (n == 0) return NAN;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += c->step_dt[i];
+    return (double)left * sum / (double)n;
+}
+
+/* Call opts.on_progress. e: the epoch just closed (EPOCH), else NULL; lr: STEP's learning rate. */
+static void report(trn_ctx *c, eng_train_progress_kind kind, const trn_epoch *e, double lr, int early_stop) {
+    const eng_train_opts *o = c->o;
+    if (!o->on_progress) return;
+    double r = (double)c->st.ep_rows;
+    eng_train_progress p = {
+        .kind = kind,
+        .version = c->new_version,
+        .epoch = (int)(c->st.epoch < o->epochs ? c->st.epoch + 1 : o->epochs),
+        .epochs = o->epochs,
+        .step = c->st.step_in_epoch,
+        .steps_per_epoch = c->steps_per_epoch,
+        .global_step = c->st.global_step,
+        .resumed_from_step = c->resumed_from,
+        .examples = c->train ? c->train->n : 0,
+        .val_examples = c->val ? c->val->n : 0,
+        .loss = r > 0 ? c->st.ep_loss_sum / r : NAN,
+        .accuracy = r > 0 ? c->st.ep_acc_sum / r : NAN,
+        .val_loss = NAN,
+        .val_accuracy = NAN,
+        .examples_per_sec = c->st.ep_seconds > 0 ? r / c->st.ep_seconds : NAN,
+        .eta_s = kind == ENG_TRAIN_PROGRESS_START ? NAN : eta_s(c),
+        .learning_rate = kind == ENG_TRAIN_PROGRESS_START ? eng_optim_lr(c->optim) : lr,
+        .early_stop = early_stop,
+    };
+    if (e) {
+        p.epoch = (int)e->epoch;
+        p.loss = e->loss;
+        p.accuracy = e->accuracy;
+        p.val_loss = e->val_loss;
+        p.val_accuracy = e->val_accuracy;
+        p.examples_per_sec = e->examples_per_sec;
+        p.learning_rate = e->lr;
+    }
+    o->on_progress(o->progress_arg, &p);
+}
+
 static eng_status loop(trn_ctx *c) {
     const eng_train_opts *o = c->o;
     int stop = 0;
     while (!stop && c->st.epoch < o->epochs) {
         for (;;) {
+            if (cancelled(c)) return cancel_now(c);
             eng_batch b;
             int end = 0;
             double t0 = trn_now(), loss, acc; /* epoch seconds include waiting for the loader */
@@ -454,6 +527,7 @@ static eng_status loop(trn_ctx *c) {
             /* training Dropout draws its mask from (node seed + global step): a new mask every step, and the same
              * masks again after --resume */
             krn_grad_dropout_set_step(c->st.global_step);
+            double lr = eng_optim_lr(c->optim);
             ENG_TRY(trn_step(c, &b, &loss, &acc));
             if (!isfinite(loss)) {
                 if (c->progress_drawn) fputc('\n', stderr);
@@ -468,13 +542,17 @@ static eng_status loop(trn_ctx *c) {
             c->st.ep_loss_sum += loss * (double)b.rows;
             c->st.ep_acc_sum += acc * (double)b.rows;
             c->st.ep_rows += b.rows;
-            c->st.ep_seconds += trn_now() - t0;
+            double dt = trn_now() - t0;
+            c->st.ep_seconds += dt;
+            c->step_dt[c->nstep_dt++ % TRN_RATE_WINDOW] = dt;
             ENG_TRY(trn_state_add_step(&c->st, c->st.global_step, loss));
             double r = c->st.ep_rows;
             trn_progress(c, c->st.step_in_epoch, c->st.ep_loss_sum / r, c->st.ep_acc_sum / r,
                          c->st.ep_seconds > 0 ? r / c->st.ep_seconds : 0, 0);
             if (o->checkpoint_every > 0 && c->st.global_step % o->checkpoint_every == 0) ENG_TRY(write_ckpt(c));
+            report(c, ENG_TRAIN_PROGRESS_STEP, NULL, lr, 0); /* after the checkpoint: a report means it is on disk */
         }
+        if (cancelled(c)) return cancel_now(c);
         if (c->stopped_by_max_steps) {
             ENG_TRY(write_ckpt(c)); /* so that --resume continues from here */
             if (c->st.ep_rows > 0) { /* the partial epoch is reported in metrics.json, not kept in the checkpoint */
@@ -483,6 +561,7 @@ static eng_status loop(trn_ctx *c) {
                 ENG_TRY(end_epoch(c, &e, &dummy));
                 ENG_TRY(trn_state_add_epoch(&c->st, &e));
                 tb_epoch(c, &e);
+                report(c, ENG_TRAIN_PROGRESS_EPOCH, &e, e.lr, 0);
             }
             break;
         }
@@ -490,6 +569,7 @@ static eng_status loop(trn_ctx *c) {
         ENG_TRY(end_epoch(c, &e, &stop));
         ENG_TRY(trn_state_add_epoch(&c->st, &e));
         tb_epoch(c, &e);
+        report(c, ENG_TRAIN_PROGRESS_EPOCH, &e, e.lr, stop);
         if (o->progress) {
             double r = c->st.ep_rows ? (double)c->st.ep_rows : 1;
             trn_progress(c, c->st.step_in_epoch, c->st.ep_loss_sum / r, c->st.ep_acc_sum / r, e.examples_per_sec, 1);
@@ -501,7 +581,10 @@ static eng_status loop(trn_ctx *c) {
         c->st.step_in_epoch = 0;
         c->st.ep_loss_sum = c->st.ep_acc_sum = c->st.ep_seconds = 0;
         c->st.ep_rows = 0;
-        if (!stop && c->st.epoch < o->epochs) ENG_TRY(write_ckpt(c));
+        if (!stop && c->st.epoch < o->epochs) {
+            if (cancelled(c)) return cancel_now(c);
+            ENG_TRY(write_ckpt(c));
+        }
     }
     if (c->progress_drawn) fputc('\n', stderr);
     return ENG_STATUS_OK;
@@ -532,6 +615,9 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
     memset(res, 0, sizeof *res);
     res->loss = res->accuracy = res->val_loss = res->val_accuracy = NAN;
     if (!o->model_base_path) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "model base path is required");
+    if (o->new_version < 0)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "new_version must be >= 1 (or 0: the next free one), got %lld",
+                       (long long)o->new_version);
     if (o->ndata < 1) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "no training data files given");
     if (o->epochs < 1) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "epochs must be >= 1, got %d", o->epochs);
     if (o->batch_size < 1) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "batch size must be >= 1, got %lld", (long long)o->batch_size);
@@ -552,12 +638,18 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
     c.eval_acc_out = -1;
     eng_status st = build(&c);
     if (st == ENG_STATUS_OK && o->resume) st = resume(&c);
+    if (st == ENG_STATUS_OK && cancelled(&c)) st = cancel_now(&c);
     if (st == ENG_STATUS_OK) {
         char logdir[4400];
         snprintf(logdir, sizeof logdir, "%s/logs/%lld", c.base, (long long)c.new_version);
         st = eng_tfevents_open(logdir, &c.tb);
     }
-    if (st == ENG_STATUS_OK) st = loop(&c);
+    if (st == ENG_STATUS_OK) {
+        c.resumed_from = c.st.global_step;
+        report(&c, ENG_TRAIN_PROGRESS_START, NULL, NAN, 0);
+        st = loop(&c);
+    }
+    if (st == ENG_STATUS_OK && cancelled(&c)) st = cancel_now(&c);
     if (st == ENG_STATUS_OK) {
         eng_status s2 = eng_tfevents_close(&c.tb);
         if (s2 != ENG_STATUS_OK && o->progress) fprintf(stderr, "warning: %s\n", eng_last_error());

@@ -15,6 +15,17 @@
  * weights as an uninterrupted run. TensorBoard event files go to <base>/logs/<N+1>/ (scalars: loss,
  * accuracy, val_loss, val_accuracy, learning_rate, examples_per_sec).
  *
+ * Version number: N+1 above is new_version when the caller gives one (a job queue hands out distinct numbers so
+ * that two runs on one model never race for the same N+1); an existing <base>/<new_version> (of any kind) is
+ * an error naming it, raised before anything is written. Checkpoints and logs then use that number too.
+ *
+ * Progress and cancel: on_progress (optional) is called on the thread that called eng_train: once when set-up
+ * (and resume) is done, after every optimizer step, and at each epoch end after validation (also for the
+ * partial epoch a max_steps stop closes). It must not call back into this run. `cancel` (optional) is read
+ * between steps, before validation and before the version is written; once it is non-zero the run stops
+ * there and returns ENG_STATUS_CANCELLED ("cancelled"): no version is written, no checkpoint after that, and the
+ * checkpoint directory is left as it is (the caller decides whether to delete it; resume continues from it).
+ *
  * Data parallelism: replicas R > 1 runs R copies of the training graph on R threads, each on its shard of
  * every batch (B/R rows), and averages gradients through an eng_comm all-reduce (engine/train/allreduce.h) before
  * one optimizer update, so R replicas at batch B give the same weights as 1 replica at batch B (within float
@@ -23,10 +34,36 @@
 #ifndef ENG_TRAIN_H
 #define ENG_TRAIN_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "loss.h"
 #include "optim.h"
+
+typedef enum eng_train_progress_kind {
+    ENG_TRAIN_PROGRESS_STEP = 0,  /* after an optimizer step (after its checkpoint, if one was due) */
+    ENG_TRAIN_PROGRESS_EPOCH = 1, /* at an epoch's end, after validation */
+    ENG_TRAIN_PROGRESS_START = 2, /* once, when set-up and resume are done, before the first step */
+} eng_train_progress_kind;
+
+/* What on_progress sees; valid only during the call. NaN marks a value not computed. */
+typedef struct eng_train_progress {
+    eng_train_progress_kind kind;
+    int64_t version;               /* the version this run writes */
+    int epoch;                     /* current epoch, 1-based */
+    int epochs;
+    int64_t step;                  /* steps done in this epoch (STEP: 1-based index of the step just done) */
+    int64_t steps_per_epoch;
+    int64_t global_step;           /* steps done in the run, including those before a resume */
+    int64_t resumed_from_step;     /* global step the run resumed from (0: a fresh start) */
+    int64_t examples, val_examples;/* training / validation examples (after the split) */
+    double loss, accuracy;         /* running means over this epoch so far (accuracy NaN: the loss has none) */
+    double val_loss, val_accuracy; /* EPOCH only; NaN otherwise and when there is no validation data */
+    double examples_per_sec;       /* over this epoch so far */
+    double eta_s;                  /* steps left in the run (epochs, max_steps) / recent step rate; NaN at START */
+    double learning_rate;          /* STEP: the rate of the update just applied; EPOCH: for the next update */
+    int early_stop;                /* EPOCH: early stopping ends the run after this epoch */
+} eng_train_progress;
 
 typedef struct eng_train_opts {
     const char *model_base_path;
@@ -53,6 +90,10 @@ typedef struct eng_train_opts {
     int keep_best;                 /* write the best epoch's weights (by monitor) instead of the last */
     int progress;                  /* progress bar on stderr */
     int64_t max_steps;             /* stop after this many updates (0: no limit); for tests and golden checks */
+    int64_t new_version;           /* version to write; 0: the highest version present + 1 (see above) */
+    void (*on_progress)(void *arg, const eng_train_progress *p); /* optional; see above */
+    void *progress_arg;
+    const atomic_int *cancel;      /* optional; non-zero: stop at the next step boundary (see above) */
 } eng_train_opts;
 
 typedef struct eng_train_result {

@@ -1,6 +1,8 @@
 """Helpers the admin-room tests share: a server with the admin port open (token from TENSORD_ADMIN_TOKEN), and
 admin calls with the bearer token."""
 import os
+import socket
+import time
 
 import requests
 
@@ -18,7 +20,19 @@ def admin_server(tmp_path, extra=(), token=TOKEN, base=None, **kw):
     aport = u.free_port()
     env = dict(os.environ, TENSORD_ADMIN_TOKEN=token)
     srv = u.Server(tmp_path, base_path=base, env=env, extra=[f"--admin_port={aport}", *extra], **kw)
+    wait_admin(aport)
     return srv, aport
+
+
+def wait_admin(aport, timeout=30):
+    """The admin listener opens after the inference ports: wait until it accepts connections."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", aport), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
 
 
 def admin_req(aport, method, path, token=TOKEN, **kw):

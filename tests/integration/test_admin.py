@@ -11,7 +11,7 @@ import requests
 
 import serving_util as u
 
-from admin_util import TOKEN, admin_req as _req, admin_server as _admin_server
+from admin_util import TOKEN, admin_req as _req, admin_server as _admin_server, wait_admin
 
 
 def _listening(port):
@@ -254,6 +254,7 @@ def test_restart_keeps_models_labels_and_routes(tmp_path):
         aport = u.free_port()
         env = dict(os.environ, TENSORD_ADMIN_TOKEN=TOKEN)
         s = u.Server(tmp_path, base_path=base, env=env, extra=[f"--admin_port={aport}", f"--state_dir={state}"])
+        wait_admin(aport)
         return s, aport
 
     srv, aport = start()
@@ -332,6 +333,7 @@ def test_automatic_rollback_of_a_slow_canary(tmp_path):
     aport = u.free_port()
     env = dict(os.environ, TENSORD_ADMIN_TOKEN=TOKEN)
     with u.Server(tmp_path, config_file=cfg, env=env, extra=[f"--admin_port={aport}"]) as srv:
+        wait_admin(aport)
         r = _req(aport, "PUT", "/v1/admin/models/m/traffic",
                  json={"routes": {"stable": 50, "canary": 50},
                        "auto_rollback": {"max_p99_ratio": 2.0, "window_s": 10, "min_requests": 20}})

@@ -476,14 +476,16 @@ Test(admin_state, a_removed_model_stays_removed_until_added_again) {
     adm_state_free(&s);
 }
 
-/* A file written by schema 1 (no removed table) is migrated to 2 when opened, its records intact. */
+/* A file written by schema 1 (no removed, datasets or jobs tables) is migrated to the current schema when opened,
+ * its records intact. */
 Test(admin_state, a_schema_1_file_is_migrated) {
     adm_state *s = open_ok();
     fill(s);
     adm_state_free(&s);
-    raw_exec("DROP TABLE removed; UPDATE schema_version SET version = 1");
+    raw_exec("DROP TABLE removed; DROP TABLE jobs; DROP TABLE datasets; UPDATE schema_version SET version = 1");
     s = open_ok();
-    cr_assert_eq(raw_int("SELECT version FROM schema_version"), 2);
+    cr_assert_eq(raw_int("SELECT version FROM schema_version"), ADM_STATE_SCHEMA);
+    cr_assert_eq(raw_int("SELECT count(*) FROM sqlite_master WHERE name IN ('removed', 'datasets', 'jobs')"), 3);
     expect_dump(s, FILLED);
     OK(adm_state_remove_model(s, "zeta", E));
     adm_state_free(&s);
