@@ -124,7 +124,7 @@ static char *ds_join(const char *a, const char *b) {
 
 static srv_code ds_check_name(const char *name, size_t len, srv_error *err) {
     if (!name) return srv_err(err, SRV_INVALID_ARGUMENT, "the upload needs a dataset name (?name=N; " DS_NAME_RULE ")");
-    if (strlen(name) != len)
+    if (strlen(name) != len || strstr(name, "%00")) /* %00 stays literal where the daemon's unescaping keeps it */
         return srv_err(err, SRV_INVALID_ARGUMENT, "dataset name '%.100s' holds a NUL byte (" DS_NAME_RULE ")", name);
     if (len > 255)
         return srv_err(err, SRV_INVALID_ARGUMENT, "dataset name '%.60s...' is %zu bytes, over 255 (" DS_NAME_RULE ")",
@@ -826,7 +826,7 @@ static enum MHD_Result ds_part_data(void *cls, enum MHD_ValueKind kind, const ch
     return MHD_YES;
 }
 
-/* "" -> LIST, "/{id}" -> ONE; -1 no such route; -2 a bad id. */
+/* "" -> LIST, "/{id}" -> ONE; -1 no such route; -2 a bad id; -3 one over 255 bytes. */
 static int ds_route(const char *url, char *id) {
     id[0] = '\0';
     if (strncmp(url, DS_PREFIX, sizeof DS_PREFIX - 1) != 0) return -1;
@@ -834,7 +834,10 @@ static int ds_route(const char *url, char *id) {
     if (!*p || !strcmp(p, "/")) return DS_R_LIST;
     if (*p++ != '/' || strchr(p, '/')) return -1;
     size_t n = strlen(p);
-    if (n > 255) return -2;
+    if (n > 255) {
+        snprintf(id, 256, "%.255s", p);
+        return -3;
+    }
     memcpy(id, p, n + 1);
     return srv_name_valid(id) ? DS_R_ONE : -2;
 }
@@ -845,9 +848,10 @@ static enum MHD_Result ds_begin(adm_datasets *d, struct MHD_Connection *c, ds_re
                                 const char *method) {
     r->route = ds_route(url, r->id);
     if (r->route == -1) return ds_reply_now(c, r, 404, "no such admin route: " DS_PREFIX "[/{dataset}]");
-    if (r->route == -2) {
+    if (r->route == -2 || r->route == -3) {
         char m[400];
-        snprintf(m, sizeof m, "dataset name '%.100s' in the URL is not valid (" DS_NAME_RULE ")", r->id);
+        snprintf(m, sizeof m, "dataset name '%.100s' in the URL %s (" DS_NAME_RULE ")", r->id,
+                 r->route == -3 ? "is over 255 bytes" : strstr(r->id, "%00") ? "holds a NUL byte" : "is not valid");
         return ds_reply_now(c, r, 400, m);
     }
     if (r->route == DS_R_LIST && strcmp(method, "GET") && strcmp(method, "POST")) return ds_reply_405(c, r, "GET, POST");
@@ -970,6 +974,27 @@ static enum MHD_Result ds_end(adm_datasets *d, struct MHD_Connection *c, ds_req 
         srv_log(SRV_LOG_INFO, "dataset_delete", NULL, 0, "dataset '%s' deleted", r->id);
     }
     return ds_answer(c, rc, &err, 200, json);
+}
+
+static int ds_hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+size_t adm_url_unescape(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls, (void)c;
+    char *w = s;
+    const char *r = s;
+    while (*r) {
+        int hi = r[0] == '%' ? ds_hexval(r[1]) : -1, lo = hi >= 0 ? ds_hexval(r[2]) : -1;
+        if (lo >= 0 && (hi | lo)) {
+            *w++ = (char)(hi << 4 | lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
 }
 
 enum MHD_Result adm_datasets_access(adm_datasets *d, struct MHD_Connection *c, const char *url, const char *method,

@@ -1,22 +1,33 @@
 /* datasets.h - uploaded training datasets (issue 12): the admin routes under /v1/admin/datasets, their storage
- * under <state_dir>/datasets/, and their records in the state store (state-datasets.c).
+ * under <state_dir>/datasets/, and their records in the state store (state-datasets.h).
  *
  * Routes (admin.c checks the bearer token when the request's headers are in, before any body byte is read, then
  * hands every call of the request to adm_datasets_access):
  *   POST   /v1/admin/datasets?name=N&format=idx|npz|npy|csv|jsonl|tfrecord
- *            the file as the streamed body (any Content-Length up to --max_upload_bytes, or chunked), or, for
- *            format=idx, multipart/form-data with parts "images" and "labels" (an IDX pair, raw or gzip). Written to
- *            a temp file under <state_dir>/datasets/, fsynced; the format's own reader (engine/data) runs over it;
- *            then it is renamed into <state_dir>/datasets/<N>/ and recorded. 201 {"dataset": N, "records": n,
- *            "sha256": hex of the bytes received (for multipart: of the images part, then the labels part),
- *            "bytes": n, "format": f, "columns": [{"name", "dtype", "shape" (per example)}]}.
- *            Refusals: 400 bad name/format/missing part, or a malformed file (the reader's message, naming the
- *            record); 409 a dataset of that name exists; 413 over --max_upload_bytes or over
- *            --dataset_quota_bytes in all (the body is not kept: nothing is left on disk after any refusal).
+ *            the file as the streamed body (any Content-Length up to --max_upload_bytes, or chunked; whatever its
+ *            Content-Type, except multipart/form-data), or multipart/form-data: for format=idx the parts "images" and
+ *            "labels" (an IDX pair, raw or gzip), for npy one part per column (the part's name is the column's; "y"
+ *            and "labels" become "label"), for the others one part. Streamed to files in a temp dir under
+ *            <state_dir>/datasets/ (never held in memory), fsynced; the format's own reader (engine/data) runs over
+ *            them; then the dir is renamed to <state_dir>/datasets/<N>/ and recorded. Stored names: images-idx-ubyte,
+ *            labels-idx-ubyte, data.npz, x.npy (raw body) or <part>.npy, data.csv, data.jsonl, data.tfrecord, each
+ *            with ".gz" added when its bytes are gzip (every reader inflates those). 201 with the record; its
+ *            "sha256" is that of the bytes received (multipart: the images part, then the labels part; for npy the
+ *            parts in the order sent), "bytes" their count.
+ *            Refusals: 400 bad name/format/part, a part missing, a malformed multipart body, or a malformed file (the
+ *            reader's message, naming the file and the record or line); 409 a dataset of that name exists; 413 over
+ *            --max_upload_bytes (by Content-Length before any body byte is read; a chunked body as it grows past it)
+ *            or over --dataset_quota_bytes in all. Nothing is left on disk after any refusal, nor when the client goes
+ *            away mid-upload.
  *   GET    /v1/admin/datasets           {"datasets": [record...]}, newest first
- *   GET    /v1/admin/datasets/{id}      one record
- *   DELETE /v1/admin/datasets/{id}      its files and record; 409 while a QUEUED or RUNNING job uses it
- * A record: {"dataset", "format", "records", "bytes", "sha256", "columns", "created_ms"}.
+ *   GET    /v1/admin/datasets/{id}      one record; 404 naming it
+ *   DELETE /v1/admin/datasets/{id}      its record, then its files: {"dataset": id, "deleted": true}; 404; 409 naming
+ *                                       the jobs while a QUEUED or RUNNING job has it as dataset or val_dataset
+ * Other methods: 405 with Allow. A record: {"dataset", "format", "records", "bytes", "sha256", "columns": [{"name",
+ * "dtype", "shape" (per example)}], "files": [stored names, in load order], "created_ms"}. Errors: {"error": "..."}
+ * naming the dataset, the format or the part; 500 for what the disk or the state file did.
+ * Names (query and path): srv_name_valid, checked with the value's length so a NUL (%00) is refused; note that
+ * the admin daemon unescapes URLs with adm_url_unescape, which keeps %00 as text, so such a name is refused.
  */
 #ifndef ADM_DATASETS_H
 #define ADM_DATASETS_H
@@ -49,6 +60,11 @@ void adm_datasets_free(adm_datasets **d);
 enum MHD_Result adm_datasets_access(adm_datasets *d, struct MHD_Connection *c, const char *url, const char *method,
                                     const char *upload, size_t *upload_size, void **ctx);
 void adm_datasets_done(adm_datasets *d, void *ctx);
+
+/* An MHD_OPTION_UNESCAPE_CALLBACK for the admin daemon: libmicrohttpd's percent-decoding, except that %00 stays the
+ * three characters "%00". The default decodes it to a NUL that silently cuts the path short ("/datasets/fm%00x" would
+ * name "fm"); kept literal, it fails srv_name_valid and the route refuses it, naming the NUL. */
+size_t adm_url_unescape(void *cls, struct MHD_Connection *c, char *s);
 
 /* ---- below the HTTP layer: what adm_datasets_access drives, callable without a connection (the unit tests do) ----
  *

@@ -127,9 +127,9 @@ static srv_code set_routes(adm_jobs *j, const char *model, int n, char **labels,
     return rc;
 }
 
-/* Before a job with on_complete promote or canary starts: the version serving now becomes `stable` with all routed
- * traffic, unless the model already has a stable label and routes, so the new version takes no traffic before its
- * rollout. */
+/* Before a job starts: the version serving now becomes `stable` with all routed traffic, unless the model already
+ * has a stable label and routes, so the new version (which the version policy may load) takes no traffic before its
+ * rollout, and none at all with on_complete none. */
 static srv_code pin_stable(adm_jobs *j, const char *model, srv_error *err) {
     char *tj = NULL;
     srv_code rc = j->o.ops.get_traffic(j->o.ops.ctx, model, &tj, err);
@@ -229,7 +229,11 @@ static void log_tail(const char *path, char *buf, size_t cap) {
     while (fgets(line, sizeof line, f)) {
         size_t n = strlen(line);
         while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-        if (n) snprintf(buf, cap, "%s", line);
+        if (n) {
+            size_t k = n < cap - 1 ? n : cap - 1;
+            memcpy(buf, line, k);
+            buf[k] = '\0';
+        }
     }
     fclose(f);
 }
@@ -419,9 +423,8 @@ static void job_start(adm_jobs *j, adm_job_rec *r) {
     cJSON *spec = job_parse(r->spec_json);
     const cJSON *resume_f = cJSON_GetObjectItemCaseSensitive(spec, "_resume");
     int resume = cJSON_IsTrue(resume_f);
-    const cJSON *oc = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(spec, "on_complete"), "action");
     srv_code rc = SRV_OK;
-    if (cJSON_IsString(oc) && strcmp(oc->valuestring, "none") != 0 && !resume) rc = pin_stable(j, r->model, &err);
+    if (!resume) rc = pin_stable(j, r->model, &err); /* the new version takes no traffic before its rollout */
     if (resume_f) cJSON_DeleteItemFromObjectCaseSensitive(spec, "_resume");
     char *wf = rc == SRV_OK ? job_worker_file(j, r, resume, &err) : NULL;
     char jf[4200], lf[4200];

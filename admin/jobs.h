@@ -14,7 +14,8 @@
  *   GET  /v1/admin/jobs                 {"jobs": [job...]}, newest first
  *   GET  /v1/admin/jobs/{id}            one job: state, epoch, step, loss, metrics, examples/s, ETA, the version it
  *                                       wrote, its metrics.json and TensorBoard directory, the rollout, the reason
- *   GET  /v1/admin/jobs/{id}/events     Server-Sent Events: `event: progress` (steps, at most 10 a second),
+ *   GET  /v1/admin/jobs/{id}/events     Server-Sent Events: `event: start` (a worker started: examples, steps per
+ *                                       epoch, the step it resumed from), `event: progress` (steps, <= 10 a second),
  *                                       `event: epoch`, and `event: state` (every state change; the stream ends after
  *                                       the job ends). A stream opened mid-run first replays the run's events.
  *   POST /v1/admin/jobs/{id}:cancel     a queued job ends CANCELLED at once; a running one at its next step, with no
@@ -26,9 +27,9 @@
  * and all traffic to it; canary labels it and routes traffic_percent to it beside `stable`; the gates refuse to
  * roll out a version whose val_accuracy / val_loss misses them, the job still SUCCEEDS with the reason) | FAILED
  * (the worker's error, or the signal that killed it; no partial version) | CANCELLED.
- * For on_complete promote or canary the model's current version is pinned as `stable` with all routed traffic when
- * the job starts (if it has no `stable` label or no routes yet), so the new version takes no traffic before the
- * rollout. A server stopped with jobs running leaves them RUNNING in the store and stops their workers; the next
+ * When a job starts, the model's current version is pinned as `stable` with all routed traffic (if it has no `stable`
+ * label or no routes yet), so the new version, which the version policy may load, takes no traffic before the
+ * rollout (and none with on_complete none: it is then served only to requests that name it). A server stopped with jobs running leaves them RUNNING in the store and stops their workers; the next
  * start queues them again and their workers resume from their last checkpoint.
  */
 #ifndef ADM_JOBS_H

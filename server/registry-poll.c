@@ -48,7 +48,7 @@ int reg_job_of(const reg_model *m, poll_job *j) {
     }
     int np = m->nl + m->npend;
     if (np > 0 && (j->pins = malloc((size_t)np * sizeof *j->pins))) {
-        memcpy(j->pins, m->lvers, (size_t)m->nl * sizeof *j->pins);
+        if (m->nl) memcpy(j->pins, m->lvers, (size_t)m->nl * sizeof *j->pins);
         if (m->npend) memcpy(j->pins + m->nl, m->pend, (size_t)m->npend * sizeof *j->pins);
         j->npins = np;
     }

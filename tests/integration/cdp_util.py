@@ -7,6 +7,7 @@ drives one page over the DevTools websocket (websocket-client). No browser is do
       b.eval("document.title")           Runtime.evaluate (awaits promises, returns by value, raises on a throw)
       b.wait_for("expr", timeout)        polls an expression until it is truthy (bounded)
       b.errors()                         console errors, uncaught exceptions and Log errors seen so far
+      b.responses("re")                  (method, url, status) of the page's requests whose URL matches
       b.screenshot(path)                 Page.captureScreenshot as a PNG file
 
 Invariants: every wait is bounded; the browser runs in its own process group, which __exit__ kills (SIGKILL after
@@ -110,7 +111,7 @@ class Browser:
             raise CDPError(f"chromium listed no page target within {self.start_timeout} s\n{self.log()}")
         # Chromium refuses DevTools websockets that carry an Origin header unless --remote-allow-origins names it
         self.ws = websocket.create_connection(ws_url, timeout=30, suppress_origin=True)
-        for domain in ("Page", "Runtime", "Log"):
+        for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable")
         self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height, deviceScaleFactor=1,
                   mobile=False)
@@ -229,6 +230,18 @@ class Browser:
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
         return path
+
+    def responses(self, url_re, since=0):
+        """(method, url, status) of each request the page made whose URL matches url_re and that got a response."""
+        import re
+        methods, out = {}, []
+        for e in self.events[since:]:
+            p = e["params"]
+            if e["method"] == "Network.requestWillBeSent":
+                methods[p["requestId"]] = p["request"]["method"]
+            elif e["method"] == "Network.responseReceived" and re.search(url_re, p["response"]["url"]):
+                out.append((methods.get(p["requestId"], "?"), p["response"]["url"], p["response"]["status"]))
+        return out
 
     def errors(self, since=0):
         """Console errors, uncaught exceptions and Log errors among the events from index `since`, as short

@@ -102,11 +102,12 @@ def version_buckets(text, model, version):
 
 
 class Load:
-    """Predicts on one thread until stopped (a steady rate for the req/s column), with a bad request to version 2
-    every so often (an INVALID_ARGUMENT for the errors column)."""
+    """Predicts on one thread until stopped (a steady rate for the req/s column), and, with bad_version, a bad request
+    to that version every tenth time (an INVALID_ARGUMENT for the errors column)."""
 
-    def __init__(self, srv, rate=40.0):
-        self.srv, self.rate, self.n, self.fail = srv, rate, 0, []
+    def __init__(self, srv, model="m", instance=(0.0,), bad_version=None, rate=40.0):
+        self.srv, self.model, self.instance, self.bad = srv, model, list(instance), bad_version
+        self.rate, self.n, self.fail = rate, 0, []
         self.ev = threading.Event()
         self.t = threading.Thread(target=self.run, daemon=True)
 
@@ -114,12 +115,13 @@ class Load:
         s = requests.Session()
         while not self.ev.is_set():
             self.n += 1
-            if self.n % 10 == 0:
-                self.srv.post_json("/v1/models/m/versions/2:predict", {"instances": [["not a number"]]}, session=s)
+            if self.bad is not None and self.n % 10 == 0:
+                self.srv.post_json(f"/v1/models/{self.model}/versions/{self.bad}:predict",
+                                   {"instances": [["not a number"]]}, session=s)
             else:
-                r = self.srv.post_json("/v1/models/m:predict", {"instances": [[0.0]]}, session=s)
+                r = self.srv.post_json(f"/v1/models/{self.model}:predict", {"instances": [self.instance]}, session=s)
                 if r.status_code != 200:
-                    self.fail.append((r.status_code, r.text))
+                    self.fail.append((r.status_code, r.text[:300]))
             self.ev.wait(1.0 / self.rate)
 
     def __enter__(self):
@@ -153,7 +155,7 @@ def test_dashboard_models_split_metrics_and_token(tmp_path):
                       json={"routes": {"stable": 80, "canary": 20}, "sticky_header": "X-User-Id"})
         assert r.status_code == 200, r.text
 
-        with Load(srv) as load, Browser(tmp_path) as b:
+        with Load(srv, bad_version=2) as load, Browser(tmp_path) as b:
             b.navigate(base + "/")
             # no token yet: the prompt, and nothing else
             b.wait_for(f"!{q('#login')}.hidden && {q('#app')}.hidden", what="the token prompt")
@@ -216,6 +218,11 @@ def test_dashboard_models_split_metrics_and_token(tmp_path):
             assert t["routes"] == {"stable": 50, "canary": 50}, t
             assert t["sticky_header"] == "X-User-Id", t
             b.wait_for(f"/stable 50%/.test({q(card + ' .bar')}.textContent)", what="the saved split drawn")
+            # one polling loop (every 2 s), not one more per action
+            mark = len(b.events)
+            b.pump(6.0)
+            polls = len(b.responses(r"/v1/admin/models$", since=mark))
+            assert 2 <= polls <= 4, f"{polls} GET /v1/admin/models in 6 s: the page polls every 2 s"
 
             # the token survives a reload of the tab
             b.reload()
@@ -281,7 +288,13 @@ def test_dashboard_running_job_curve(tmp_path):
         r = admin_req(aport, "POST", "/v1/admin/datasets?name=train&format=npz", data=npz.read_bytes())
         assert r.status_code == 201, r.text
 
-        with Browser(tmp_path) as b:
+        # serving goes on beside the job: a stable label with all the traffic, and a steady load
+        r = admin_req(aport, "PUT", "/v1/admin/models/cnn/labels/stable", json={"version": 1})
+        assert r.status_code == 200, r.text
+        r = admin_req(aport, "PUT", "/v1/admin/models/cnn/traffic", json={"routes": {"stable": 100}})
+        assert r.status_code == 200, r.text
+        image = np.zeros((1, 28, 28), np.float32).tolist()
+        with Load(srv, model="cnn", instance=image, rate=20.0) as load, Browser(tmp_path) as b:
             b.navigate(f"http://127.0.0.1:{aport}/")
             b.wait_for(f"!{q('#login')}.hidden", what="the token prompt")
             type_into(b, "#token-input", TOKEN, enter=True)
@@ -290,7 +303,7 @@ def test_dashboard_running_job_curve(tmp_path):
 
             # the form: a long job (it is cancelled once the curve has been seen to grow)
             b.eval(f"""(() => {{ const f = {q('#job-form')}.elements;
-                     f.dataset.value = 'train'; f.epochs.value = '5000'; f.batch_size.value = '8';
+                     f.dataset.value = 'train'; f.epochs.value = '1000'; f.batch_size.value = '8';
                      f.optimizer.value = 'adam'; f.learning_rate.value = '0.001'; return 1; }})()""")
             click(b, "#job-submit")
             b.wait_for(f"/queued/.test({q('#job-form-msg')}.textContent)", what="the job accepted", timeout=30)
@@ -316,17 +329,28 @@ def test_dashboard_running_job_curve(tmp_path):
             drawn = b.eval(f"{q(curve + ' polyline.loss')}.getAttribute('points').split(' ').length")
             assert drawn >= 2, drawn
             assert text_of(b, f'tr[data-job="{jid}"] .state') == "RUNNING"
-            b.pump(1.0)
+            rps = q('[data-model="cnn"] tr[data-version="1"] .v-rps')
+            b.wait_for(f"parseFloat({rps}.textContent) > 0", timeout=30, what="req/s of the served cnn beside the job")
             assert_clean(b)
             b.screenshot(SCREENSHOT)
 
-            # cancel from the page (two clicks: arm, confirm)
+            # cancel from the page (two clicks: arm, confirm): the page's POST, then the job's end
+            mark = len(b.events)
             click(b, f'button[data-cancel="{jid}"]')
+            assert not b.responses(r":cancel$", since=mark), "the first click must only arm the Cancel button"
             click(b, f'button[data-cancel="{jid}"]')
+            end = time.monotonic() + 20
+            while time.monotonic() < end and not b.responses(r":cancel$", since=mark):
+                b.pump(0.1)
+            sent = b.responses(r":cancel$", since=mark)
+            assert [(m, s) for m, _, s in sent] in ([("POST", 200)], [("POST", 202)]), sent
+            assert sent[0][1].endswith(f"/v1/admin/jobs/{jid}:cancel"), sent
             end = time.monotonic() + 60
             while time.monotonic() < end and _job(aport, jid)["state"] not in ("CANCELLED", "SUCCEEDED", "FAILED"):
                 time.sleep(0.2)
-            assert _job(aport, jid)["state"] == "CANCELLED", _job(aport, jid)
+            job = _job(aport, jid)
+            assert job["state"] == "CANCELLED", (f"the page's cancel was accepted ({sent[0][2]}) but job {jid} is "
+                                                 f"{job['state']} 60 s later: {job}")
             for sel, what in ((f'[data-curve="{jid}"] .state', "the curve"), (f'tr[data-job="{jid}"] .state', "the job row")):
                 b.wait_for(f"{q(sel)}.textContent === 'CANCELLED'", timeout=30, what=f"{what} marked CANCELLED")
             assert_clean(b)
@@ -336,3 +360,4 @@ def test_dashboard_running_job_curve(tmp_path):
             row = text_of(b, "tr[data-dataset=train]")
             assert "npz" in row and "512" in row, row
             assert_clean(b)
+        assert not load.fail, load.fail[:5]

@@ -308,3 +308,12 @@ def test_limits_leave_nothing_on_disk(tmp_path):
         assert admin_req(aport, "DELETE", "/v1/admin/datasets/q1").status_code == 200
         assert _upload(aport, "q2", "csv", data=body).status_code == 201
         assert _stored(root) == ["q2"]
+
+
+def test_nul_in_the_path_is_refused(ds):
+    _, aport, root = ds
+    assert _upload(aport, "nul-target", "csv", data=b"a,label\n1,0\n").status_code == 201
+    for method in ("GET", "DELETE"):
+        r = admin_req(aport, method, "/v1/admin/datasets/nul-target%00x")
+        assert r.status_code == 400 and "NUL" in r.json()["error"], f"{method}: {r.status_code} {r.text}"
+    assert (root / "nul-target").is_dir()

@@ -208,8 +208,12 @@ def test_cancel_writes_no_version(tmp_path):
         _upload_npz(aport, tmp_path, "small", xs, ys)
         jid = admin_req(aport, "POST", "/v1/admin/jobs", json={"model": "m", "dataset": "small", **JOB, "epochs": 50,
                                                                "batch_size": 32}).json()["id"]
-        queued = admin_req(aport, "POST", "/v1/admin/jobs", json={"model": "m", "dataset": "small", **JOB}).json()["id"]
+        queued_job = admin_req(aport, "POST", "/v1/admin/jobs", json={"model": "m", "dataset": "small", **JOB}).json()
+        queued = queued_job["id"]
+        assert queued_job["new_version"] == 3, "two jobs of one model must get distinct version numbers"
         _wait_job(aport, jid, lambda j: j["state"] == "RUNNING" and (j.get("global_step") or 0) >= 3)
+        r = admin_req(aport, "DELETE", "/v1/admin/datasets/small")  # a queued and a running job use it
+        assert r.status_code == 409 and str(jid) in r.text, r.text
         r = admin_req(aport, "POST", f"/v1/admin/jobs/{queued}:cancel")  # still queued behind the first
         assert r.status_code == 200 and r.json()["state"] == "CANCELLED", r.text
         r = admin_req(aport, "POST", f"/v1/admin/jobs/{jid}:cancel")
@@ -219,6 +223,7 @@ def test_cancel_writes_no_version(tmp_path):
         assert _versions_on_disk(base) == [1], "a cancelled job wrote a version"
         assert not [d for d in os.listdir(base) if d.startswith(".train-")], "its checkpoints were left behind"
         assert admin_req(aport, "POST", f"/v1/admin/jobs/{jid}:cancel").status_code == 409
+        assert admin_req(aport, "DELETE", "/v1/admin/datasets/small").status_code == 200  # no job uses it now
 
 
 def test_server_restart_mid_job_resumes_from_its_checkpoint(tmp_path):
@@ -247,6 +252,13 @@ def test_server_restart_mid_job_resumes_from_its_checkpoint(tmp_path):
         assert _versions_on_disk(base) == [1, 2]
         assert srv2.post_json("/v1/models/m/labels/stable:predict",
                               {"instances": [xs[0].reshape(1, 28, 28).tolist()]}).headers["X-Model-Version"] == "2"
+    aport3 = u.free_port()
+    srv3 = u.Server(tmp_path, base_path=base, env=env, extra=[f"--admin_port={aport3}", f"--state_dir={state}"])
+    with srv3:  # a finished job is still listed after a restart, with its version and result
+        wait_admin(aport3)
+        jobs = admin_req(aport3, "GET", "/v1/admin/jobs").json()["jobs"]
+        assert [(j["id"], j["state"], j["version"]) for j in jobs] == [(jid, "SUCCEEDED", 2)], jobs
+        assert jobs[0]["result"]["rollout"]["applied"] is True
 
 
 def test_bad_submissions_are_refused_up_front(tmp_path):
@@ -287,3 +299,43 @@ def test_bad_submissions_are_refused_up_front(tmp_path):
                              ("GET", "/v1/admin/jobs/1/events"), ("POST", "/v1/admin/jobs/1:cancel")):
             r = admin_req(aport, method, path, token=None, json={})
             assert r.status_code == 401, (method, path, r.status_code)
+
+
+def test_fine_tune_with_the_tensord_admin_command(tmp_path):
+    """The README's `tensord admin` walk-through: upload (an IDX pair and an npz), train with a canary, follow the
+    job's events to its end, list jobs and datasets."""
+    base, state, srv, aport, xs, ys = _small_job_server(tmp_path, n=1024)
+    tok = tmp_path / "token"
+    tok.write_text(TOKEN + "\n")
+
+    def run(*args):
+        p = subprocess.run([u.tensord_bin(), "admin", f"--admin_url=http://127.0.0.1:{aport}",
+                            f"--admin_token_file={tok}", *args], capture_output=True, text=True, timeout=300,
+                           env={k: v for k, v in os.environ.items() if k != "TENSORD_ADMIN_TOKEN"})
+        return p
+
+    with srv:
+        p = run("upload", "fm-test", "--images", f"{FM}/t10k-images-idx3-ubyte.gz",
+                "--labels", f"{FM}/t10k-labels-idx1-ubyte.gz")
+        assert p.returncode == 0 and json.loads(p.stdout)["records"] == 10000, p.stderr
+        np.savez(tmp_path / "small.npz", x=xs, label=ys)
+        p = run("upload", "small", str(tmp_path / "small.npz"), "--format", "npz")
+        assert p.returncode == 0 and json.loads(p.stdout)["records"] == 1024, p.stderr
+        p = run("upload", "bad", str(tmp_path / "small.npz"), "--format", "idx")
+        assert p.returncode == 1 and "error:" in p.stderr, (p.returncode, p.stderr)
+        p = run("train", "m", "small", "--val", "fm-test", "--epochs", "1", "--batch-size", "64", "--canary", "10")
+        assert p.returncode == 0, p.stderr
+        jid = json.loads(p.stdout)["id"]
+        p = run("follow", str(jid))
+        assert p.returncode == 0, p.stderr
+        states = [json.loads(ln[6:])["state"] for ln in p.stdout.splitlines()
+                  if ln.startswith("data: ") and '"state"' in ln and ln[6:].startswith('{"id"')]
+        assert states and states[-1] == "SUCCEEDED", p.stdout[-2000:]
+        assert "event: progress" in p.stdout
+        jobs = json.loads(run("jobs").stdout)["jobs"]
+        assert jobs[0]["id"] == jid and jobs[0]["version"] == 2
+        assert json.loads(run("traffic", "m").stdout)["routes"] == {"stable": 90, "canary": 10}
+        assert {d["dataset"] for d in json.loads(run("datasets").stdout)["datasets"]} == {"fm-test", "small"}
+        p = run("cancel", str(jid))
+        assert p.returncode == 1 and "already ended" in p.stderr, p.stderr
+        assert run("delete-dataset", "small").returncode == 0

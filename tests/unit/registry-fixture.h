@@ -36,11 +36,6 @@
 #include "server/metrics.c"
 #include "server/batcher.c"
 
-#if defined(__SANITIZE_ADDRESS__)
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) { return "leak:libcriterion.so\n"; }
-#endif
-
 static char g_root[256];
 static size_t g_external; /* write_model: initializers larger than this go to model.onnx.data (0: none) */
 

@@ -34,26 +34,7 @@
 #include "server/log.c"
 #include "server/srv.c"
 
-/* admin.c's reply helpers (admin-http.h), as admin.c writes them: the HTTP tests below do not start admin.c. */
-enum MHD_Result adm_send(struct MHD_Connection *c, int status, char *body, const char *retry_after) {
-    (void)retry_after;
-    size_t n = body ? strlen(body) : 0;
-    struct MHD_Response *r = MHD_create_response_from_buffer(n, body ? body : (char *)"",
-                                                             body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (!r) return MHD_NO;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
-enum MHD_Result adm_error(struct MHD_Connection *c, int status, const char *msg) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "error", msg);
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return adm_send(c, status, s, NULL);
-}
+#include "admin/admin-http.c" /* the reply helpers admin.c uses (the HTTP tests below do not start admin.c) */
 
 static char g_dir[256], g_root[300];
 static adm_state *g_st;
@@ -226,7 +207,6 @@ Test(datasets, idx_pair_is_stored_checked_and_recorded) {
     cr_assert_eq(f.records, 7);
     cr_assert(strstr(f.columns_json, "\"shape\":[4,5]"));
     char want0[600];
-    snprintf(want0, sizeof want0, "%s/datasets/fm/images-idx-ubyte", g_dir);
     char *rp = realpath(g_dir, NULL);
     snprintf(want0, sizeof want0, "%s/datasets/fm/images-idx-ubyte", rp);
     free(rp);
@@ -523,6 +503,45 @@ Test(datasets, a_failed_record_write_removes_the_stored_dir) {
     free(csv.p);
 }
 
+typedef struct race { int i; srv_code c; char sha[65]; } race;
+
+static void *race_one(void *arg) {
+    race *r = arg;
+    char body[256], name[16];
+    snprintf(body, sizeof body, "a,b,label\n%d,1,0\n2,%d,1\n", r->i, r->i * 7);
+    snprintf(name, sizeof name, "t%d", r->i / 2);
+    buf b = {(unsigned char *)body, strlen(body)};
+    adm_dataset_rec rec = {0};
+    srv_error e = {0};
+    r->c = upload(g_d, name, "csv", 1, NULL, &b, 3, &rec, &e);
+    if (rec.sha256) snprintf(r->sha, sizeof r->sha, "%s", rec.sha256);
+    adm_dataset_rec_free(&rec);
+    return NULL;
+}
+
+Test(datasets, uploads_from_many_threads) {
+    race rs[12];
+    pthread_t th[12];
+    for (int i = 0; i < 12; i++) {
+        rs[i] = (race){.i = i};
+        cr_assert_eq(pthread_create(&th[i], NULL, race_one, &rs[i]), 0);
+    }
+    for (int i = 0; i < 12; i++) pthread_join(th[i], NULL);
+    for (int k = 0; k < 6; k++) { /* two uploads per name: one wins, the other is told the name is taken */
+        race *a = &rs[2 * k], *b = &rs[2 * k + 1];
+        cr_assert((a->c == SRV_OK && b->c == SRV_ALREADY_EXISTS) || (b->c == SRV_OK && a->c == SRV_ALREADY_EXISTS),
+                  "t%d: %s / %s", k, srv_code_name(a->c), srv_code_name(b->c));
+        char name[16];
+        snprintf(name, sizeof name, "t%d", k);
+        adm_dataset_rec r = {0};
+        srv_error e = {0};
+        cr_assert_eq(adm_state_dataset_get(g_st, name, &r, &e), SRV_OK);
+        cr_assert_str_eq(r.sha256, a->c == SRV_OK ? a->sha : b->sha, "the record is the winner's");
+        adm_dataset_rec_free(&r);
+    }
+    cr_assert_str_eq(root_entries(), "t0 t1 t2 t3 t4 t5");
+}
+
 /* Raw SQL on the state file, as the job queue would write it. */
 static void sql(const char *q) {
     char path[400];
@@ -612,7 +631,8 @@ static struct MHD_Daemon *start_http(adm_datasets *d, int *port) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     struct MHD_Daemon *m = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL,
                                             NULL, h_access, d, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a,
-                                            MHD_OPTION_NOTIFY_COMPLETED, h_done, d, MHD_OPTION_CONNECTION_TIMEOUT,
+                                            MHD_OPTION_NOTIFY_COMPLETED, h_done, d, MHD_OPTION_UNESCAPE_CALLBACK,
+                                            adm_url_unescape, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
                                             (unsigned)10, MHD_OPTION_END);
     cr_assert_not_null(m);
     const union MHD_DaemonInfo *i = MHD_get_daemon_info(m, MHD_DAEMON_INFO_BIND_PORT);
@@ -654,7 +674,6 @@ static int read_reply(int fd, char *out, size_t cap) {
         if (he && cl && cl < he && k >= (size_t)(he + 4 - out) + strtoul(cl + 15, NULL, 10)) break;
     }
     int st = 0;
-    if (getenv("DUMP")) fprintf(stderr, "DUMP[%s]\n", out);
     sscanf(out, "HTTP/1.%*d %d", &st);
     char *he = strstr(out, "\r\n\r\n");
     if (he) memmove(out, he + 4, strlen(he + 4) + 1);
@@ -731,6 +750,10 @@ Test(datasets, http_uploads_reads_and_deletes) {
     cr_assert_eq(http(port, "PUT", "/v1/admin/datasets/mp", NULL, NULL, 0, out, sizeof out), 405);
     cr_assert_eq(http(port, "DELETE", "/v1/admin/datasets", NULL, NULL, 0, out, sizeof out), 405);
     cr_assert_eq(http(port, "GET", "/v1/admin/datasets/..", NULL, NULL, 0, out, sizeof out), 400);
+    /* a NUL in the path does not cut the name short (with adm_url_unescape as the daemon's unescaper) */
+    cr_assert_eq(http(port, "DELETE", "/v1/admin/datasets/mp%00x", NULL, NULL, 0, out, sizeof out), 400);
+    cr_assert(strstr(out, "NUL"), "%s", out);
+    cr_assert_eq(http(port, "GET", "/v1/admin/datasets/m%70", NULL, NULL, 0, out, sizeof out), 200); /* %70 = 'p' */
     st = http(port, "POST", "/v1/admin/datasets?name=mp&format=csv", NULL, "a,label\n1,0\n", 12, out, sizeof out);
     cr_assert_eq(st, 409, "%s", out);
     st = http(port, "POST", "/v1/admin/datasets?name=bad&format=csv", NULL, "a,label\n1,0\nq,1\n", 16, out, sizeof out);

@@ -23,13 +23,6 @@
 
 #define TD "/usr/share/libonnx-testdata/data"
 
-#if defined(__SANITIZE_ADDRESS__)
-/* libcriterion's runner itself leaks a 48-byte block when several workers finish concurrently (all frames in
- * libcriterion.so); keep LeakSanitizer quiet about it so `make SAN=1 test-unit` judges only our code. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) { return "leak:libcriterion.so\n"; }
-#endif
-
 /* ---- helpers ---- */
 
 static char tmpdir[256];
