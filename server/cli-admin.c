@@ -20,6 +20,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,7 +207,11 @@ static int adm_call_body(const char *url, const char *token, const char *method,
     }
     close(fd);
     if (!rs.p || sscanf(rs.p, "HTTP/1.%*d %d", &status) != 1) {
-        fprintf(stderr, "error: no HTTP reply from %s:%s\n", host, port);
+        if (wrc != 0) /* it answered before the body was in, and the answer was lost with the connection */
+            fprintf(stderr, "error: %s:%s refused the request before its body was sent (%s); check the name, the "
+                    "format and the size\n", host, port, strerror(errno));
+        else
+            fprintf(stderr, "error: no HTTP reply from %s:%s\n", host, port);
         free(rs.p);
         return 1;
     }
@@ -230,6 +235,7 @@ static int is_name(const char *s, const char *what) {
 }
 
 int srv_cmd_admin(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN); /* a server that refuses an upload early closes while the body is sent */
     const char *url = "http://127.0.0.1:8502", *token_file = NULL, *policy = NULL, *routes = NULL, *sticky = NULL,
                *shadow = NULL;
     const char *format = NULL, *images = NULL, *labels = NULL, *spec = NULL;

@@ -9,8 +9,9 @@ extern const eng_op_def eng_ops_tensor[];
 extern const eng_op_def eng_ops_nn[];
 extern const eng_op_def eng_ops_reduce[];
 extern const eng_op_def eng_ops_grad[];
+extern const eng_op_def eng_ops_quant[];
 
-static const eng_op_def *const eng_op_tables[] = {eng_ops_eltwise, eng_ops_tensor, eng_ops_nn, eng_ops_reduce, eng_ops_grad, NULL};
+static const eng_op_def *const eng_op_tables[] = {eng_ops_eltwise, eng_ops_tensor, eng_ops_nn, eng_ops_reduce, eng_ops_grad, eng_ops_quant, NULL};
 
 const eng_op_def *eng_op_find(const char *domain, const char *op_type) {
     if (!domain || strcmp(domain, "ai.onnx") == 0) domain = "";

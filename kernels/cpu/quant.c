@@ -1,0 +1,320 @@
+/* quant.c - CPU reference kernels of the "quant" family (see kernels/krn-quant.h for the formulas).
+ *
+ * Plain C, written to be read and to match ONNX's reference implementation bit for bit:
+ *   - rounding is round-half-to-even (nearbyint under the default FE_TONEAREST mode), then saturation to the
+ *     output type's range; NaN quantizes to the zero point;
+ *   - QuantizeLinear divides in float32 (x / scale), as ONNX and onnxruntime do;
+ *   - the integer matmul/conv subtract zero points once into int32 copies of the operands, accumulate in int64
+ *     and store int32; QLinear* requantize in double with the float32 multiplier (s_in * s_w) / s_y, which is
+ *     what numpy computes for ONNX's reference (int32 * float32 promotes to float64).
+ * Per-channel tensors are read through q_at (one element: per tensor). Kernels only see shapes engine/ops/quant.c
+ * checked; they still refuse what they cannot index rather than read out of bounds.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernel.h"
+#include "../krn-quant.h"
+
+/* Element i of an integer or float32 tensor, or element 0 when it has one element; 0 when omitted. */
+static inline int32_t q_at_i(const eng_tensor *t, int64_t i) {
+    if (!t->data) return 0;
+    if (eng_tensor_numel(t) == 1) i = 0;
+    switch (t->dtype) {
+    case ENG_DTYPE_U8: return ((const uint8_t *)t->data)[i];
+    case ENG_DTYPE_I8: return ((const int8_t *)t->data)[i];
+    case ENG_DTYPE_I32: return ((const int32_t *)t->data)[i];
+    default: return 0;
+    }
+}
+static inline float q_at_f(const eng_tensor *t, int64_t i) {
+    if (eng_tensor_numel(t) == 1) i = 0;
+    return ((const float *)t->data)[i];
+}
+
+static void q_range(eng_dtype dt, int32_t *lo, int32_t *hi) {
+    if (dt == ENG_DTYPE_I8) *lo = -128, *hi = 127;
+    else *lo = 0, *hi = 255;
+}
+
+/* round_half_even(v) + zp, saturated to [lo, hi]; NaN gives zp. */
+static inline int32_t q_round_sat(double v, int32_t zp, int32_t lo, int32_t hi) {
+    if (v != v) return zp < lo ? lo : zp > hi ? hi : zp;
+    double r = nearbyint(v) + zp;
+    return r < lo ? lo : r > hi ? hi : (int32_t)r;
+}
+
+static inline void q_store(eng_tensor *t, int64_t i, int32_t v) {
+    if (t->dtype == ENG_DTYPE_I8) ((int8_t *)t->data)[i] = (int8_t)v;
+    else ((uint8_t *)t->data)[i] = (uint8_t)v;
+}
+
+/* Split x's elements around `axis` (-1: none): outer x C x inner. */
+static void q_axis_split(const eng_tensor *x, int axis, int64_t *outer, int64_t *C, int64_t *inner) {
+    *outer = 1, *C = 1, *inner = 1;
+    if (axis < 0) {
+        *inner = eng_tensor_numel(x);
+        return;
+    }
+    for (int d = 0; d < x->ndim; d++) {
+        if (d < axis) *outer *= x->dims[d];
+        else if (d > axis) *inner *= x->dims[d];
+    }
+    *C = x->dims[axis];
+}
+
+/* ---------------------------------------------------------------- QuantizeLinear / DequantizeLinear */
+
+static eng_status q_quantize_exec(krn_call *c) {
+    const krn_qdq_params *p = c->params;
+    const eng_tensor *x = &c->in[0], *s = &c->in[1], *z = c->nin > 2 ? &c->in[2] : NULL;
+    eng_tensor *y = &c->out[0];
+    int32_t lo, hi;
+    q_range(y->dtype, &lo, &hi);
+    int64_t outer, C, inner;
+    q_axis_split(x, p->axis, &outer, &C, &inner);
+    const float *xd = x->data;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t ch = 0; ch < C; ch++) {
+            float sc = q_at_f(s, ch);
+            int32_t zp = z ? q_at_i(z, ch) : 0;
+            int64_t base = (o * C + ch) * inner;
+            for (int64_t j = 0; j < inner; j++) q_store(y, base + j, q_round_sat(xd[base + j] / sc, zp, lo, hi));
+        }
+    return ENG_STATUS_OK;
+}
+
+static eng_status q_dequantize_exec(krn_call *c) {
+    const krn_qdq_params *p = c->params;
+    const eng_tensor *x = &c->in[0], *s = &c->in[1], *z = c->nin > 2 ? &c->in[2] : NULL;
+    float *yd = c->out[0].data;
+    int64_t outer, C, inner;
+    q_axis_split(x, p->axis, &outer, &C, &inner);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t ch = 0; ch < C; ch++) {
+            float sc = q_at_f(s, ch);
+            int64_t zp = z ? q_at_i(z, ch) : 0, base = (o * C + ch) * inner;
+            for (int64_t j = 0; j < inner; j++) yd[base + j] = (float)((int64_t)q_at_i(x, base + j) - zp) * sc;
+        }
+    return ENG_STATUS_OK;
+}
+
+/* ---------------------------------------------------------------- DynamicQuantizeLinear */
+
+static eng_status q_dynamic_exec(krn_call *c) {
+    const eng_tensor *x = &c->in[0];
+    const float *xd = x->data;
+    int64_t n = eng_tensor_numel(x);
+    float mn = 0.f, mx = 0.f; /* the range always includes 0 */
+    for (int64_t i = 0; i < n; i++) {
+        if (xd[i] < mn) mn = xd[i];
+        if (xd[i] > mx) mx = xd[i];
+    }
+    float scale = (mx == mn ? 1.f : mx - mn) / 255.f;
+    float zpf = 0.f - mn / scale;
+    zpf = zpf < 0.f ? 0.f : zpf > 255.f ? 255.f : zpf;
+    int32_t zp = (int32_t)nearbyintf(zpf);
+    uint8_t *yd = c->out[0].data;
+    for (int64_t i = 0; i < n; i++) yd[i] = (uint8_t)q_round_sat(xd[i] / scale, zp, 0, 255);
+    if (c->nout > 1 && c->out[1].data) *(float *)c->out[1].data = scale;
+    if (c->nout > 2 && c->out[2].data) *(uint8_t *)c->out[2].data = (uint8_t)zp;
+    return ENG_STATUS_OK;
+}
+
+/* ---------------------------------------------------------------- MatMulInteger / QLinearMatMul */
+
+/* x - zp into a fresh int32 buffer; zp is per tensor, or per index (i / inner) % C when it has C elements. */
+static int32_t *q_widen(const eng_tensor *x, const eng_tensor *zp, int64_t C, int64_t inner) {
+    int64_t n = eng_tensor_numel(x);
+    int32_t *w = eng_alloc((size_t)(n > 0 ? n : 1) * sizeof *w);
+    if (!w) return NULL;
+    int per = zp && zp->data && eng_tensor_numel(zp) > 1;
+    for (int64_t i = 0; i < n; i++) w[i] = q_at_i(x, i) - (zp ? q_at_i(zp, per ? (i / inner) % C : 0) : 0);
+    return w;
+}
+
+/* Batch offset (in matrices) of an operand with batch dims bd[0..r) (padded with leading 1s) for output batch
+ * coordinate bi of yd[0..r). */
+static int64_t q_batch_off(const int64_t *bd, const int64_t *yd, int r, int64_t bi) {
+    int64_t off = 0, stride = 1;
+    for (int d = r - 1; d >= 0; d--) {
+        int64_t coord = bi % yd[d];
+        bi /= yd[d];
+        if (bd[d] != 1) off += coord * stride;
+        stride *= bd[d];
+    }
+    return off;
+}
+
+static eng_status q_matmul_exec(krn_call *c) {
+    const krn_qmatmul_params *p = c->params;
+    int ia = 0, ib = p->qlinear ? 3 : 1;
+    const eng_tensor *A = &c->in[ia], *B = &c->in[ib];
+    eng_tensor *Y = &c->out[0];
+    const eng_tensor *azp = c->nin > 2 ? &c->in[2] : NULL;
+    const eng_tensor *bzp = p->qlinear ? &c->in[5] : c->nin > 3 ? &c->in[3] : NULL;
+    int64_t K = A->dims[A->ndim - 1];
+    int64_t M = A->ndim >= 2 ? A->dims[A->ndim - 2] : 1, N = B->ndim >= 2 ? B->dims[B->ndim - 1] : 1;
+    /* batch dims, right-aligned to rank r */
+    int r = 0, na = A->ndim > 2 ? A->ndim - 2 : 0, nb = B->ndim > 2 ? B->ndim - 2 : 0;
+    r = na > nb ? na : nb;
+    int64_t ab[ENG_MAX_DIMS], bb[ENG_MAX_DIMS], yb[ENG_MAX_DIMS], nbatch = 1;
+    for (int d = 0; d < r; d++) {
+        ab[d] = d < r - na ? 1 : A->dims[d - (r - na)];
+        bb[d] = d < r - nb ? 1 : B->dims[d - (r - nb)];
+        yb[d] = ab[d] > bb[d] ? ab[d] : bb[d];
+        nbatch *= yb[d];
+    }
+    if (eng_tensor_numel(Y) != nbatch * M * N)
+        return eng_err(ENG_STATUS_INTERNAL, "integer matmul: output has %lld elements, expected %lld",
+                       (long long)eng_tensor_numel(Y), (long long)(nbatch * M * N));
+    int32_t *a = q_widen(A, azp, M, K), *b = q_widen(B, bzp, N, 1);
+    int64_t *acc = eng_alloc((size_t)(N > 0 ? N : 1) * sizeof *acc);
+    if (!a || !b || !acc) {
+        eng_free(a), eng_free(b), eng_free(acc);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "integer matmul operands");
+    }
+    int32_t lo = 0, hi = 0;
+    if (p->qlinear) q_range(Y->dtype, &lo, &hi);
+    for (int64_t bi = 0; bi < nbatch; bi++) {
+        const int32_t *am = a + q_batch_off(ab, yb, r, bi) * M * K, *bm = b + q_batch_off(bb, yb, r, bi) * K * N;
+        for (int64_t i = 0; i < M; i++) {
+            memset(acc, 0, (size_t)N * sizeof *acc);
+            for (int64_t k = 0; k < K; k++) { /* row of A times rows of B: streams B, no transposes */
+                int64_t av = am[i * K + k];
+                const int32_t *brow = bm + k * N;
+                if (av)
+                    for (int64_t j = 0; j < N; j++) acc[j] += av * brow[j];
+            }
+            int64_t yo = (bi * M + i) * N;
+            if (!p->qlinear) {
+                for (int64_t j = 0; j < N; j++) ((int32_t *)Y->data)[yo + j] = (int32_t)acc[j];
+                continue;
+            }
+            float as = q_at_f(&c->in[1], i), ys = q_at_f(&c->in[6], 0);
+            int32_t yzp = q_at_i(&c->in[7], 0);
+            for (int64_t j = 0; j < N; j++) {
+                float mult = as * q_at_f(&c->in[4], j) / ys;
+                q_store(Y, yo + j, q_round_sat((double)acc[j] * (double)mult, yzp, lo, hi));
+            }
+        }
+    }
+    eng_free(a), eng_free(b), eng_free(acc);
+    return ENG_STATUS_OK;
+}
+
+/* ---------------------------------------------------------------- ConvInteger / QLinearConv */
+
+/* Direct convolution of int32 x (N, C, spatial...) with int32 w (M, C/group, kernel...) into int64 acc for one
+ * (n, m) output plane; spatial dims are padded to 3 with size-1 dims in front. */
+typedef struct q_conv_geom {
+    int64_t N, C, M, G, in[3], out[3], k[3], s[3], d[3], pb[3];
+} q_conv_geom;
+
+static void q_conv_plane(const q_conv_geom *g, const int32_t *x, const int32_t *w, int64_t n, int64_t m, int64_t *acc) {
+    int64_t cg = g->C / g->G, mg = g->M / g->G, grp = m / mg;
+    int64_t osz = g->out[0] * g->out[1] * g->out[2], isz = g->in[0] * g->in[1] * g->in[2], ksz = g->k[0] * g->k[1] * g->k[2];
+    memset(acc, 0, (size_t)osz * sizeof *acc);
+    for (int64_t ci = 0; ci < cg; ci++) {
+        const int32_t *xp = x + (n * g->C + grp * cg + ci) * isz, *wp = w + (m * cg + ci) * ksz;
+        for (int64_t o0 = 0; o0 < g->out[0]; o0++)
+            for (int64_t o1 = 0; o1 < g->out[1]; o1++)
+                for (int64_t o2 = 0; o2 < g->out[2]; o2++) {
+                    int64_t sum = 0;
+                    for (int64_t k0 = 0; k0 < g->k[0]; k0++) {
+                        int64_t i0 = o0 * g->s[0] - g->pb[0] + k0 * g->d[0];
+                        if (i0 < 0 || i0 >= g->in[0]) continue;
+                        for (int64_t k1 = 0; k1 < g->k[1]; k1++) {
+                            int64_t i1 = o1 * g->s[1] - g->pb[1] + k1 * g->d[1];
+                            if (i1 < 0 || i1 >= g->in[1]) continue;
+                            for (int64_t k2 = 0; k2 < g->k[2]; k2++) {
+                                int64_t i2 = o2 * g->s[2] - g->pb[2] + k2 * g->d[2];
+                                if (i2 < 0 || i2 >= g->in[2]) continue;
+                                sum += (int64_t)xp[(i0 * g->in[1] + i1) * g->in[2] + i2] *
+                                       wp[(k0 * g->k[1] + k1) * g->k[2] + k2];
+                            }
+                        }
+                    }
+                    acc[(o0 * g->out[1] + o1) * g->out[2] + o2] += sum;
+                }
+    }
+}
+
+static eng_status q_conv_exec(krn_call *c) {
+    const krn_qconv_params *p = c->params;
+    const krn_conv_params *k = &p->conv;
+    int ix = 0, iw = p->qlinear ? 3 : 1;
+    const eng_tensor *X = &c->in[ix], *W = &c->in[iw];
+    eng_tensor *Y = &c->out[0];
+    const eng_tensor *xzp = c->nin > 2 ? &c->in[2] : NULL, *wzp = p->qlinear ? &c->in[5] : c->nin > 3 ? &c->in[3] : NULL;
+    int nsp = k->nspatial;
+    if (nsp < 1 || nsp > 3 || X->ndim != nsp + 2 || W->ndim != nsp + 2 || Y->ndim != nsp + 2 || k->transposed)
+        return eng_err(ENG_STATUS_INTERNAL, "integer conv: ranks X %d, W %d, Y %d do not match %d spatial dims",
+                       X->ndim, W->ndim, Y->ndim, nsp);
+    q_conv_geom g = {.N = X->dims[0], .C = X->dims[1], .M = W->dims[0], .G = k->group};
+    if (g.G < 1 || g.C % g.G || g.M % g.G || W->dims[1] * g.G != g.C)
+        return eng_err(ENG_STATUS_INTERNAL, "integer conv: channels do not match group %lld", (long long)g.G);
+    for (int i = 0; i < 3; i++) {
+        int s = i - (3 - nsp); /* spatial index, < 0 for the padding dims */
+        g.in[i] = s < 0 ? 1 : X->dims[2 + s];
+        g.out[i] = s < 0 ? 1 : Y->dims[2 + s];
+        g.k[i] = s < 0 ? 1 : W->dims[2 + s];
+        g.s[i] = s < 0 ? 1 : k->strides[s];
+        g.d[i] = s < 0 ? 1 : k->dilations[s];
+        g.pb[i] = s < 0 ? 0 : k->pads[s];
+    }
+    int64_t osz = g.out[0] * g.out[1] * g.out[2], wper = eng_tensor_numel(W) / (g.M ? g.M : 1);
+    int32_t *x = q_widen(X, xzp, 1, 1), *w = q_widen(W, wzp, g.M, wper);
+    if (!x || !w) {
+        eng_free(x), eng_free(w);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "integer conv operands");
+    }
+    const eng_tensor *bias = p->qlinear && c->nin > 8 && c->in[8].data ? &c->in[8] : NULL;
+    int32_t lo = 0, hi = 0;
+    if (p->qlinear) q_range(Y->dtype, &lo, &hi);
+    int oom = 0;
+    int nt = c->nthreads > 0 ? c->nthreads : 1;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1 && g.N * g.M > 1)
+    for (int64_t nm = 0; nm < g.N * g.M; nm++) {
+        int64_t n = nm / g.M, m = nm % g.M;
+        int64_t *acc = malloc((size_t)(osz > 0 ? osz : 1) * sizeof *acc);
+        if (!acc) {
+#pragma omp atomic write
+            oom = 1;
+            continue;
+        }
+        q_conv_plane(&g, x, w, n, m, acc);
+        int64_t yo = nm * osz;
+        if (!p->qlinear) {
+            for (int64_t i = 0; i < osz; i++) ((int32_t *)Y->data)[yo + i] = (int32_t)acc[i];
+        } else {
+            int64_t b = bias ? q_at_i(bias, m) : 0;
+            float mult = q_at_f(&c->in[1], 0) * q_at_f(&c->in[4], m) / q_at_f(&c->in[6], 0);
+            int32_t yzp = q_at_i(&c->in[7], 0);
+            for (int64_t i = 0; i < osz; i++)
+                q_store(Y, yo + i, q_round_sat((double)(acc[i] + b) * (double)mult, yzp, lo, hi));
+        }
+        free(acc);
+    }
+    eng_free(x), eng_free(w);
+    if (oom) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "integer conv accumulator (%lld elements)", (long long)osz);
+    return ENG_STATUS_OK;
+}
+
+/* The integer matmul and conv are plain C loops: correct, but far from what AVX512_VNNI (oneDNN's int8
+ * primitives) does, so the planner reports them as a slow path (STYLE.md: slow paths are loud). */
+static void q_describe_slow(const krn_call *c, krn_impl_info *info) {
+    (void)c;
+    krn_str_copy(info->impl, sizeof info->impl, "reference C int8 loops (no oneDNN int8 / VNNI path yet)");
+    info->slow = 1;
+}
+
+const krn_kernel krn_cpu_quant_kernels[] = {
+    {"quantize_linear", NULL, q_quantize_exec, NULL, NULL},
+    {"dequantize_linear", NULL, q_dequantize_exec, NULL, NULL},
+    {"dynamic_quantize_linear", NULL, q_dynamic_exec, NULL, NULL},
+    {"matmul_integer", NULL, q_matmul_exec, NULL, q_describe_slow},
+    {"conv_integer", NULL, q_conv_exec, NULL, q_describe_slow},
+    {NULL},
+};

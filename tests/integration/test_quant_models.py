@@ -1,0 +1,163 @@
+"""Models quantized by onnxruntime's own tool run in `tensord predict` and agree with onnxruntime.
+
+  test_quantized_model      a small float MLP and CNN built here with onnx.helper, quantized with
+                            onnxruntime.quantization: quantize_dynamic (int8 and uint8 weights: DynamicQuantizeLinear,
+                            MatMulInteger, ConvInteger), quantize_static in QDQ format (QuantizeLinear/DequantizeLinear,
+                            per tensor and per channel), and quantize_static in QOperator format on models whose
+                            QOperator form uses only default-domain ops (QLinearMatMul, QLinearConv).
+  test_qoperator_contrib_op quantize_static QOperator on a model with a bias Add: onnxruntime writes com.microsoft's
+                            QLinearAdd, which tensord does not implement; the run must end in a clean error naming it.
+
+Tolerance: one quantization step of the output. Both runtimes do the same integer arithmetic, but the float ops
+between a DequantizeLinear and the next QuantizeLinear (oneDNN vs MLAS summation order) can put a value that lies
+within an ulp of a rounding tie on the other side of it; that moves the quantized value by one step, and the
+output by at most one step of its own scale where nothing downstream amplifies it. The step is the scale of the
+DequantizeLinear that produces the output when there is one (QDQ/QOperator), else the output's range / 255 (the
+8-bit resolution of the dynamic models' last activation quantization). On these models the outputs are in fact
+bit-identical today; the bound is what the arithmetic guarantees, not what this machine happens to show.
+"""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import assert_clean_error, assert_no_crash, ort_run
+
+ort_quant = pytest.importorskip("onnxruntime.quantization")
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType  # noqa: E402
+
+F = TensorProto.FLOAT
+
+
+def randn(shape, seed, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def make(nodes, inputs, outputs, inits):
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, F, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, F, s) for n, s in outputs],
+        initializer=[numpy_helper.from_array(a, n) for n, a in inits])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], producer_name="tensord-tests")
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def mlp(bias=True):
+    """16 -> 32 -> 24 -> 5: MatMul(+Add)+Relu, MatMul(+Add)+Relu, MatMul(+Add)."""
+    nodes, inits, h = [], [], "x"
+    sizes = [16, 32, 24, 5]
+    for i in range(3):
+        nodes.append(helper.make_node("MatMul", [h, f"W{i}"], [f"m{i}"]))
+        inits.append((f"W{i}", randn((sizes[i], sizes[i + 1]), 1 + i, 0.3)))
+        h = f"m{i}"
+        if bias:
+            nodes.append(helper.make_node("Add", [h, f"B{i}"], [f"a{i}"]))
+            inits.append((f"B{i}", randn((sizes[i + 1],), 11 + i, 0.1)))
+            h = f"a{i}"
+        if i < 2:
+            nodes.append(helper.make_node("Relu", [h], [f"r{i}"]))
+            h = f"r{i}"
+    nodes[-1].output[0] = "y"
+    return make(nodes, [("x", ["N", 16])], [("y", ["N", 5])], inits), (4, 16)
+
+
+def cnn(bias=True):
+    """(2, 8, 8) -> Conv 6x3x3 pad 1 + Relu -> MaxPool 2 -> Conv 8x3x3 + Relu -> Flatten -> MatMul(+Add) 4."""
+    nodes = [helper.make_node("Conv", ["x", "Wc0", "Bc0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("MaxPool", ["r0"], ["p0"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p0", "Wc1", "Bc1"], ["c1"]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Flatten", ["r1"], ["f"]),
+             helper.make_node("MatMul", ["f", "Wf"], ["y" if not bias else "h"])]
+    inits = [("Wc0", randn((6, 2, 3, 3), 21, 0.3)), ("Bc0", randn((6,), 22, 0.1)),
+             ("Wc1", randn((8, 6, 3, 3), 23, 0.2)), ("Bc1", randn((8,), 24, 0.1)), ("Wf", randn((32, 4), 25, 0.2))]
+    if bias:
+        nodes.append(helper.make_node("Add", ["h", "Bf"], ["y"]))
+        inits.append(("Bf", randn((4,), 26, 0.1)))
+    return make(nodes, [("x", ["N", 2, 8, 8])], [("y", ["N", 4])], inits), (3, 2, 8, 8)
+
+
+class Calib(CalibrationDataReader):
+    """Eight random batches: the calibration set quantize_static takes activation ranges from."""
+
+    def __init__(self, shape):
+        self.it = iter([{"x": randn(shape, 100 + i)} for i in range(8)])
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+def quantize(tmp_path, model, shape, how):
+    src, dst = tmp_path / "float.onnx", tmp_path / f"{how}.onnx"
+    onnx.save(model, src)
+    if how.startswith("dynamic"):
+        wt = QuantType.QInt8 if how == "dynamic-int8" else QuantType.QUInt8
+        ort_quant.quantize_dynamic(str(src), str(dst), weight_type=wt)
+    else:
+        fmt, pc = how.split("-")[1], how.endswith("per-channel")
+        ort_quant.quantize_static(str(src), str(dst), Calib(shape),
+                                  quant_format=QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
+                                  per_channel=pc, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return onnx.load(str(dst))
+
+
+def output_step(model, want):
+    """One quantization step of output y (see the module docstring)."""
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "DequantizeLinear" and n.output[0] == "y":
+            return float(np.max(inits[n.input[1]]))
+    lo, hi = min(0.0, float(want.min())), max(0.0, float(want.max()))
+    return (hi - lo) / 255.0
+
+
+# (model, quantization, quant ops the quantized model must contain)
+CASES = [
+    ("mlp", "dynamic-int8", {"DynamicQuantizeLinear", "MatMulInteger"}),
+    ("mlp", "dynamic-uint8", {"DynamicQuantizeLinear", "MatMulInteger"}),
+    ("mlp", "static-qdq-per-tensor", {"QuantizeLinear", "DequantizeLinear"}),
+    ("mlp", "static-qdq-per-channel", {"QuantizeLinear", "DequantizeLinear"}),
+    ("mlp-nobias", "static-qop-per-tensor", {"QuantizeLinear", "QLinearMatMul", "DequantizeLinear"}),
+    ("mlp-nobias", "static-qop-per-channel", {"QuantizeLinear", "QLinearMatMul", "DequantizeLinear"}),
+    ("cnn", "dynamic-int8", {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}),
+    ("cnn", "dynamic-uint8", {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}),
+    ("cnn", "static-qdq-per-tensor", {"QuantizeLinear", "DequantizeLinear"}),
+    ("cnn", "static-qdq-per-channel", {"QuantizeLinear", "DequantizeLinear"}),
+    ("cnn-nobias", "static-qop-per-tensor", {"QLinearConv", "QLinearMatMul"}),
+    ("cnn-nobias", "static-qop-per-channel", {"QLinearConv", "QLinearMatMul"}),
+]
+BUILDERS = {"mlp": lambda: mlp(True), "mlp-nobias": lambda: mlp(False), "cnn": lambda: cnn(True),
+            "cnn-nobias": lambda: cnn(False)}
+
+
+@pytest.mark.parametrize("arch,how,ops", CASES, ids=[f"{a}-{h}" for a, h, _ in CASES])
+def test_quantized_model(tensord, tmp_path, arch, how, ops):
+    model, shape = BUILDERS[arch]()
+    q = quantize(tmp_path, model, shape, how)
+    types = {n.op_type for n in q.graph.node}
+    assert ops <= types, f"{how} produced {sorted(types)}, expected {sorted(ops)} among them"
+    assert all(n.domain in ("", "ai.onnx") for n in q.graph.node), \
+        f"{how} produced contrib ops: {sorted({(n.domain, n.op_type) for n in q.graph.node if n.domain})}"
+    feeds = {"x": randn(shape, 7)}
+    res = tensord.predict(tensord.save_model(q), feeds, threads=2)
+    assert_no_crash(res)
+    assert res.returncode == 0, f"tensord predict failed\n{res.describe()}"
+    want = ort_run(q, feeds)["y"]
+    got = res.outputs["y"]
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{got.shape} {got.dtype} vs {want.shape} {want.dtype}"
+    step = output_step(q, want)
+    err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+    assert err <= step * (1 + 1e-5), f"max |tensord - ort| = {err:.6g} > one output step {step:.6g}"
+
+
+def test_qoperator_contrib_op(tensord, tmp_path):
+    model, shape = mlp(True)
+    q = quantize(tmp_path, model, shape, "static-qop-per-tensor")
+    contrib = {(n.domain, n.op_type) for n in q.graph.node if n.domain not in ("", "ai.onnx")}
+    assert ("com.microsoft", "QLinearAdd") in contrib, f"expected QLinearAdd among {sorted(contrib)}"
+    res = tensord.predict(tensord.save_model(q), {"x": randn(shape, 7)})
+    assert_clean_error(res, "QLinearAdd", "com.microsoft", "not supported")
