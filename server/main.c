@@ -11,6 +11,8 @@
 int srv_cmd_serve(int argc, char **argv);
 int srv_cmd_init(int argc, char **argv) __attribute__((weak));
 int srv_cmd_train(int argc, char **argv) __attribute__((weak));
+int srv_cmd_evaluate(int argc, char **argv) __attribute__((weak)); /* cli-evaluate.c */
+int srv_cmd_quantize(int argc, char **argv) __attribute__((weak)); /* cli-quantize.c */
 
 #ifndef TENSORD_VERSION
 #endif
@@ -23,11 +25,16 @@ static void usage(FILE *f) {
             "  tensord init --arch NAME [--opt key=value ...] [--seed S] --out DIR/1\n"
             "  tensord train --model-base-path DIR --data FILE[,FILE] --epochs E --batch-size B --optimizer adam --lr X\n"
             "                --loss sparse_categorical_crossentropy [--val-split 0.1] [--replicas R] [--resume] [...]\n"
+            "  tensord train --job FILE.json   (a worker of the admin API's job queue: JSON lines on stdout)\n"
+            "  tensord evaluate --model-base-path DIR --version N --data FILE[,FILE] [--against M]\n"
+            "  tensord quantize --model-base-path DIR --version N --calibration FILE[,FILE] [--method minmax|percentile|entropy]\n"
+            "                [--per-channel] [--exclude NODE ...]\n"
             "  tensord predict --model PATH --input NAME=FILE.npy [--input ...] --output-dir DIR [--threads T]\n"
             "  tensord bench --model PATH --input NAME=FILE.npy [...] [--iterations N] [--warmup W] [--threads T]\n"
             "  tensord conformance DIR [--filter SUBSTR] [-v] [--expect FILE] [--write-passes FILE] [--threads T] [--isolate]\n"
             "  tensord admin [--admin_url http://127.0.0.1:8502] [--admin_token_file F] models | add NAME BASE_PATH [--policy all]\n"
             "                | remove NAME | label MODEL LABEL VERSION | traffic MODEL [--routes a=90,b=10] | promote MODEL | rollback MODEL\n"
+            "                | datasets | upload NAME FILE --format F | train MODEL DATASET [...] | jobs | follow ID | cancel ID\n"
             "  tensord version\n"
             "PATH is a model.onnx file or a version directory holding one.\n",
             TENSORD_VERSION);
@@ -62,8 +69,12 @@ int main(int argc, char **argv) {
         }
         return srv_cmd_serve(argc - 1, argv + 1);
     }
-    if (strcmp(cmd, "init") == 0 || strcmp(cmd, "train") == 0) {
-        int (*fn)(int, char **) = strcmp(cmd, "init") == 0 ? srv_cmd_init : srv_cmd_train;
+    if (strcmp(cmd, "init") == 0 || strcmp(cmd, "train") == 0 || strcmp(cmd, "evaluate") == 0 ||
+        strcmp(cmd, "quantize") == 0) {
+        int (*fn)(int, char **) = strcmp(cmd, "init") == 0       ? srv_cmd_init
+                                  : strcmp(cmd, "train") == 0    ? srv_cmd_train
+                                  : strcmp(cmd, "evaluate") == 0 ? srv_cmd_evaluate
+                                                                 : srv_cmd_quantize;
         if (!fn) {
             fprintf(stderr, "error: '%s' is not in this build yet\n", cmd);
             return 2;

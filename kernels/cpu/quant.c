@@ -7,6 +7,8 @@
  *   - the integer matmul/conv subtract zero points once into int32 copies of the operands, accumulate in int64
  *     and store int32; QLinear* requantize in double with the float32 multiplier (s_in * s_w) / s_y, which is
  *     what numpy computes for ONNX's reference (int32 * float32 promotes to float64).
+ * MatMulInteger / ConvInteger / QLinear* normally run on oneDNN's int8 primitives (quant-dnnl.c); these loops
+ * are their reference and their fallback.
  * Per-channel tensors are read through q_at (one element: per tensor). Kernels only see shapes engine/ops/quant.c
  * checked; they still refuse what they cannot index rather than read out of bounds.
  */
@@ -147,7 +149,7 @@ static int64_t q_batch_off(const int64_t *bd, const int64_t *yd, int r, int64_t 
     return off;
 }
 
-static eng_status q_matmul_exec(krn_call *c) {
+eng_status krn_cpu_qmatmul_ref(krn_call *c) {
     const krn_qmatmul_params *p = c->params;
     int ia = 0, ib = p->qlinear ? 3 : 1;
     const eng_tensor *A = &c->in[ia], *B = &c->in[ib];
@@ -241,7 +243,7 @@ static void q_conv_plane(const q_conv_geom *g, const int32_t *x, const int32_t *
     }
 }
 
-static eng_status q_conv_exec(krn_call *c) {
+eng_status krn_cpu_qconv_ref(krn_call *c) {
     const krn_qconv_params *p = c->params;
     const krn_conv_params *k = &p->conv;
     int ix = 0, iw = p->qlinear ? 3 : 1;
@@ -302,19 +304,30 @@ static eng_status q_conv_exec(krn_call *c) {
     return ENG_STATUS_OK;
 }
 
-/* The integer matmul and conv are plain C loops: correct, but far from what AVX512_VNNI (oneDNN's int8
- * primitives) does, so the planner reports them as a slow path (STYLE.md: slow paths are loud). */
-static void q_describe_slow(const krn_call *c, krn_impl_info *info) {
+/* The integer matmul and conv loops here are correct but far from what AVX512_VNNI does, so they report
+ * themselves as a slow path (STYLE.md: slow paths are loud). "matmul_integer" / "conv_integer" are the oneDNN
+ * int8 kernels of quant-dnnl.c, which run these loops for what oneDNN cannot do exactly (and say why); the
+ * "_ref" names keep the loops reachable on their own, for tests that compare the two. */
+void krn_cpu_quant_describe_ref(const krn_call *c, krn_impl_info *info) {
     (void)c;
-    krn_str_copy(info->impl, sizeof info->impl, "reference C int8 loops (no oneDNN int8 / VNNI path yet)");
+    krn_str_copy(info->impl, sizeof info->impl, "reference C int8 loops");
     info->slow = 1;
 }
+
+eng_status krn_cpu_qmatmul_init(krn_call *c);
+eng_status krn_cpu_qmatmul_exec(krn_call *c);
+eng_status krn_cpu_qconv_init(krn_call *c);
+eng_status krn_cpu_qconv_exec(krn_call *c);
+void krn_cpu_qdnnl_free(void *state);
+void krn_cpu_qdnnl_describe(const krn_call *c, krn_impl_info *info);
 
 const krn_kernel krn_cpu_quant_kernels[] = {
     {"quantize_linear", NULL, q_quantize_exec, NULL, NULL},
     {"dequantize_linear", NULL, q_dequantize_exec, NULL, NULL},
     {"dynamic_quantize_linear", NULL, q_dynamic_exec, NULL, NULL},
-    {"matmul_integer", NULL, q_matmul_exec, NULL, q_describe_slow},
-    {"conv_integer", NULL, q_conv_exec, NULL, q_describe_slow},
+    {"matmul_integer", krn_cpu_qmatmul_init, krn_cpu_qmatmul_exec, krn_cpu_qdnnl_free, krn_cpu_qdnnl_describe},
+    {"conv_integer", krn_cpu_qconv_init, krn_cpu_qconv_exec, krn_cpu_qdnnl_free, krn_cpu_qdnnl_describe},
+    {"matmul_integer_ref", NULL, krn_cpu_qmatmul_ref, NULL, krn_cpu_quant_describe_ref},
+    {"conv_integer_ref", NULL, krn_cpu_qconv_ref, NULL, krn_cpu_quant_describe_ref},
     {NULL},
 };

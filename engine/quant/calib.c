@@ -1,0 +1,316 @@
+/* calib.c - choosing what to quantize and calibrating activation ranges (see quant.h).
+ *
+ * Calibration runs a copy of the float graph whose outputs also list every activation to observe (graph inputs
+ * are observed from the fed batch instead), without fusion so that every observed value is materialised. The
+ * first pass records min and max; percentile and entropy run a second pass that histograms |x| into 2048 bins
+ * over [0, amax]. Invariant: every eng_quant_act leaves here with a finite scale > 0 and a zero point inside its
+ * dtype's range.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../plan/session.h"
+#include "../train/eval.h"
+#include "quant.h"
+
+#define QUANT_NBINS 2048
+
+const char *eng_quant_method_name(eng_quant_method m) {
+    return m == ENG_QUANT_MINMAX ? "minmax" : m == ENG_QUANT_PERCENTILE ? "percentile" : "entropy";
+}
+
+int eng_quant_method_parse(const char *s) {
+    if (strcmp(s, "minmax") == 0) return ENG_QUANT_MINMAX;
+    if (strcmp(s, "percentile") == 0) return ENG_QUANT_PERCENTILE;
+    if (strcmp(s, "entropy") == 0) return ENG_QUANT_ENTROPY;
+    return -1;
+}
+
+void eng_quant_plan_free(eng_quant_plan *p) {
+    if (!p) return;
+    free(p->nodes);
+    free(p->excluded);
+    free(p->acts);
+    memset(p, 0, sizeof *p);
+}
+
+static int is_float_init(const eng_graph *g, int v) {
+    return v >= 0 && g->values[v].init && g->values[v].init->dtype == ENG_DTYPE_F32;
+}
+
+static int is_activation(const eng_graph *g, int v) {
+    return v >= 0 && !g->values[v].init &&
+           (g->values[v].dtype == ENG_DTYPE_F32 || g->values[v].dtype == ENG_DTYPE_UNDEFINED);
+}
+
+/* A default-domain Conv, Gemm or MatMul whose first input is a float activation; Conv and Gemm need a float
+ * initializer as weight; a MatMul's second input is a weight (initializer) or a second activation. */
+static int quantizable(const eng_graph *g, const eng_node *n) {
+    if (n->domain[0] || n->nin < 2) return 0;
+    int conv = strcmp(n->op_type, "Conv") == 0, gemm = strcmp(n->op_type, "Gemm") == 0;
+    int mm = strcmp(n->op_type, "MatMul") == 0;
+    if (!conv && !gemm && !mm) return 0;
+    if (!is_activation(g, n->inputs[0])) return 0;
+    if (mm) return is_float_init(g, n->inputs[1]) || is_activation(g, n->inputs[1]);
+    return is_float_init(g, n->inputs[1]);
+}
+
+eng_status eng_quant_select(const eng_graph *g, const char *what, const eng_quant_opts *o, eng_quant_plan *p) {
+    memset(p, 0, sizeof *p);
+    for (int e = 0; e < o->nexclude; e++) {
+        int found = 0;
+        for (int i = 0; i < g->nnodes && !found; i++) found = strcmp(g->nodes[i].name, o->exclude[e]) == 0;
+        if (!found) {
+            char names[1024] = "";
+            size_t k = 0;
+            for (int i = 0; i < g->nnodes && k < sizeof names; i++)
+                if (quantizable(g, &g->nodes[i]))
+                    k += (size_t)snprintf(names + k, sizeof names - k, "%s'%s'", k ? ", " : "", g->nodes[i].name);
+            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "--exclude: %s has no node named '%s' (quantizable nodes: %s)",
+                           what, o->exclude[e], names[0] ? names : "none");
+        }
+    }
+    p->nodes = calloc((size_t)g->nnodes + 1, sizeof *p->nodes);
+    p->excluded = calloc((size_t)g->nnodes + 1, sizeof *p->excluded);
+    p->acts = calloc((size_t)g->nnodes * 2 + 1, sizeof *p->acts);
+    if (!p->nodes || !p->excluded || !p->acts) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < g->nnodes; i++) {
+        const eng_node *n = &g->nodes[i];
+        if (!quantizable(g, n)) continue;
+        int ex = 0;
+        for (int e = 0; e < o->nexclude && !ex; e++) ex = strcmp(n->name, o->exclude[e]) == 0;
+        if (ex) {
+            p->excluded[p->nexcluded++] = i;
+            continue;
+        }
+        p->nodes[p->nnodes++] = i;
+        for (int s = 0; s < 2; s++) {
+            int v = n->inputs[s];
+            if (!is_activation(g, v)) continue;
+            int dup = 0;
+            for (int a = 0; a < p->nacts && !dup; a++) dup = p->acts[a].value == v;
+            if (!dup) p->acts[p->nacts++].value = v;
+        }
+    }
+    if (p->nnodes == 0 && p->nexcluded == 0)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT,
+                       "%s has no Conv, MatMul or Gemm node with a float activation input to quantize", what);
+    if (p->nnodes == 0)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "%s: every quantizable node (%d) is excluded; nothing to quantize",
+                       what, p->nexcluded);
+    return ENG_STATUS_OK;
+}
+
+/* ---- thresholds ---- */
+
+float eng_quant_percentile_threshold(const double *hist, int nbins, float amax, double pct) {
+    double total = 0;
+    for (int i = 0; i < nbins; i++) total += hist[i];
+    if (total <= 0 || amax <= 0) return amax;
+    double target = total * pct / 100.0, cum = 0;
+    for (int i = 0; i < nbins; i++) {
+        cum += hist[i];
+        if (cum >= target) return amax * (float)(i + 1) / (float)nbins;
+    }
+    return amax;
+}
+
+float eng_quant_entropy_threshold(const double *hist, int nbins, float amax, int levels) {
+    if (amax <= 0 || nbins <= levels) return amax;
+    double *P = malloc(sizeof *P * (size_t)nbins), *Q = malloc(sizeof *Q * (size_t)nbins);
+    if (!P || !Q) {
+        free(P);
+        free(Q);
+        return amax;
+    }
+    double best = INFINITY;
+    int best_i = nbins;
+    double above = 0; /* mass in bins >= i */
+    for (int i = nbins - 1; i >= levels; i--) above += hist[i];
+    for (int i = levels; i <= nbins; i++) {
+        /* P: hist[0..i) with the clipped mass folded into its last bin */
+        if (i > levels) above -= hist[i - 1];
+        double ps = 0;
+        for (int k = 0; k < i; k++) P[k] = hist[k], ps += hist[k];
+        P[i - 1] += above;
+        ps += above;
+        if (ps <= 0) continue;
+        /* Q: hist[0..i) merged into `levels` bins, each spread over its non-empty source bins */
+        double qs = 0;
+        for (int j = 0; j < levels; j++) {
+            int b0 = (int)((int64_t)j * i / levels), b1 = j == levels - 1 ? i : (int)((int64_t)(j + 1) * i / levels);
+            double s = 0;
+            int nz = 0;
+            for (int k = b0; k < b1; k++) {
+                s += hist[k];
+                nz += hist[k] != 0;
+            }
+            for (int k = b0; k < b1; k++) {
+                Q[k] = hist[k] != 0 ? s / nz : 0;
+                qs += Q[k];
+            }
+        }
+        if (qs <= 0) continue;
+        double kl = 0;
+        for (int k = 0; k < i; k++) {
+            if (P[k] <= 0) continue;
+            double p = P[k] / ps, q = Q[k] > 0 ? Q[k] / qs : 1e-4 / ps; /* smoothing: a missed bin costs, not infinity */
+            kl += p * log(p / q);
+        }
+        if (kl < best) {
+            best = kl;
+            best_i = i;
+        }
+    }
+    free(P);
+    free(Q);
+    return amax * (float)best_i / (float)nbins;
+}
+
+/* ---- calibration runs ---- */
+
+typedef struct calib_src {
+    int input;  /* index into the fed inputs, or -1 */
+    int output; /* index into the session outputs, or -1 */
+} calib_src;
+
+/* Visit every element of every observed activation of one batch. pass 0: min/max; pass 1: |x| histograms. */
+static eng_status calib_observe(const eng_graph *g, const eng_tensor *t, eng_quant_act *a, double *hist,
+                                float *amax) {
+    int64_t n = eng_tensor_numel(t);
+    const float *f = t->dtype == ENG_DTYPE_F32 ? t->data : NULL;
+    for (int64_t i = 0; i < n; i++) {
+        float x = f ? f[i] : (float)eng_tensor_get_f64(t, i);
+        if (!isfinite(x))
+            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "calibration: activation '%s' holds a non-finite value (%g)",
+                           g->values[a->value].name, x);
+        if (!hist) {
+            if (x < a->min) a->min = x;
+            if (x > a->max) a->max = x;
+        } else if (*amax > 0) {
+            int b = (int)(fabsf(x) / *amax * QUANT_NBINS);
+            hist[b >= QUANT_NBINS ? QUANT_NBINS - 1 : b] += 1;
+        }
+    }
+    return ENG_STATUS_OK;
+}
+
+static void calib_params(eng_quant_act *a, eng_quant_method m, const double *hist, double pct) {
+    if (m == ENG_QUANT_MINMAX) {
+        float lo = a->min < 0 ? a->min : 0, hi = a->max > 0 ? a->max : 0;
+        a->dtype = ENG_DTYPE_U8;
+        if (hi - lo <= 0) {
+            a->scale = 1;
+            a->zero_point = 0;
+            return;
+        }
+        a->scale = (hi - lo) / 255.0f;
+        long zp = lroundf(-lo / a->scale);
+        a->zero_point = (int)(zp < 0 ? 0 : zp > 255 ? 255 : zp);
+        return;
+    }
+    float amax = fmaxf(fabsf(a->min), fabsf(a->max));
+    int nonneg = a->min >= 0;
+    float t = m == ENG_QUANT_PERCENTILE ? eng_quant_percentile_threshold(hist, QUANT_NBINS, amax, pct)
+                                        : eng_quant_entropy_threshold(hist, QUANT_NBINS, amax, nonneg ? 255 : 128);
+    if (!(t > 0)) t = amax;
+    a->dtype = nonneg ? ENG_DTYPE_U8 : ENG_DTYPE_I8;
+    a->zero_point = 0;
+    a->scale = t > 0 ? t / (nonneg ? 255.0f : 127.0f) : 1.0f;
+}
+
+eng_status eng_quant_calibrate(const eng_graph *g, const char *what, eng_dataset *d, const eng_quant_opts *o,
+                               eng_quant_plan *p) {
+    int *cols = calloc((size_t)g->ninputs + 1, sizeof *cols);
+    const char **names = calloc((size_t)g->ninputs + 1, sizeof *names);
+    eng_tensor *in = calloc((size_t)g->ninputs + 1, sizeof *in);
+    calib_src *src = calloc((size_t)p->nacts + 1, sizeof *src);
+    double *hist = NULL;
+    float *amax = calloc((size_t)p->nacts + 1, sizeof *amax);
+    eng_tensor *outs = NULL;
+    eng_session *s = NULL;
+    int ncols = 0;
+    eng_status st = ENG_STATUS_OK;
+    if (!cols || !names || !in || !src || !amax) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    if (st == ENG_STATUS_OK) st = eng_eval_fit(g, d, what, cols, &ncols);
+    eng_graph *cg = st == ENG_STATUS_OK ? eng_graph_clone(g) : NULL;
+    if (st == ENG_STATUS_OK && !cg) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory copying %s", what);
+    if (st == ENG_STATUS_OK) {
+        int k = 0;
+        for (int i = 0; i < g->ninputs; i++)
+            if (!g->values[g->inputs[i]].init) names[k++] = g->values[g->inputs[i]].name;
+        int *no = realloc(cg->outputs, sizeof(int) * (size_t)(cg->noutputs + p->nacts + 1));
+        if (!no) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+        else cg->outputs = no;
+        for (int a = 0; st == ENG_STATUS_OK && a < p->nacts; a++) {
+            p->acts[a].min = INFINITY;
+            p->acts[a].max = -INFINITY;
+            src[a].input = src[a].output = -1;
+            for (int i = 0; i < ncols; i++)
+                if (strcmp(names[i], g->values[p->acts[a].value].name) == 0) src[a].input = i;
+            if (src[a].input >= 0) continue;
+            for (int i = 0; i < cg->noutputs; i++)
+                if (cg->outputs[i] == p->acts[a].value) src[a].output = i;
+            if (src[a].output < 0) {
+                src[a].output = cg->noutputs;
+                cg->outputs[cg->noutputs++] = p->acts[a].value;
+            }
+        }
+    }
+    if (st == ENG_STATUS_OK) {
+        outs = calloc((size_t)cg->noutputs + 1, sizeof *outs);
+        if (!outs) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
+    if (st == ENG_STATUS_OK) {
+        eng_session_opts so = {0};
+        so.nthreads = o->nthreads;
+        so.no_fuse = 1;
+        st = eng_session_new_graph(cg, &so, &s);
+        cg = NULL;
+        if (st != ENG_STATUS_OK) st = eng_err_prefix(st, "%s: calibration graph: ", what);
+    }
+    eng_graph_free(&cg);
+    int passes = o->method == ENG_QUANT_MINMAX ? 1 : 2;
+    int64_t bs = o->batch_size > 0 ? o->batch_size : 256;
+    for (int pass = 0; st == ENG_STATUS_OK && pass < passes; pass++) {
+        if (pass == 1) {
+            hist = calloc((size_t)p->nacts * QUANT_NBINS + 1, sizeof *hist);
+            if (!hist) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+            for (int a = 0; a < p->nacts; a++) amax[a] = fmaxf(fabsf(p->acts[a].min), fabsf(p->acts[a].max));
+        }
+        for (int64_t b0 = 0; st == ENG_STATUS_OK && b0 < d->n; b0 += bs) {
+            int64_t rows = d->n - b0 < bs ? d->n - b0 : bs;
+            for (int i = 0; i < ncols; i++) {
+                const eng_tensor *ct = &d->cols[cols[i]].t;
+                size_t row_bytes = eng_tensor_nbytes(ct) / (size_t)ct->dims[0];
+                in[i] = *ct;
+                in[i].dims[0] = rows;
+                in[i].data = (char *)ct->data + (size_t)b0 * row_bytes;
+            }
+            st = eng_session_run(s, ncols, names, in, outs);
+            if (st != ENG_STATUS_OK) {
+                st = eng_err_prefix(st, "%s: calibration examples %lld..%lld: ", what, (long long)b0,
+                                    (long long)(b0 + rows - 1));
+                break;
+            }
+            for (int a = 0; st == ENG_STATUS_OK && a < p->nacts; a++) {
+                const eng_tensor *t = src[a].input >= 0 ? &in[src[a].input] : &outs[src[a].output];
+                st = calib_observe(g, t, &p->acts[a], pass ? hist + (size_t)a * QUANT_NBINS : NULL, &amax[a]);
+            }
+        }
+    }
+    double pct = o->percentile > 0 ? o->percentile : 99.99;
+    for (int a = 0; st == ENG_STATUS_OK && a < p->nacts; a++)
+        calib_params(&p->acts[a], o->method, hist ? hist + (size_t)a * QUANT_NBINS : NULL, pct);
+    eng_session_free(&s);
+    free(cols);
+    free(names);
+    free(in);
+    free(src);
+    free(hist);
+    free(amax);
+    free(outs);
+    return st;
+}
