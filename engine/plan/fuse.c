@@ -725,6 +725,8 @@ static eng_status fz_conv_dw(fz_ctx *z) {
 eng_status eng_graph_fuse(eng_graph *g) {
     if (!g || g->nnodes == 0) return ENG_STATUS_OK;
     if (getenv("TENSORD_NO_FUSE")) return ENG_STATUS_OK;
+    eng_status qst = eng_graph_fuse_qdq(g); /* fuse-qdq.c: before the float rules see the Convs/MatMuls */
+    if (qst != ENG_STATUS_OK) return qst;
     fz_ctx z = {g, calloc((size_t)g->nnodes, 1), 0};
     if (!z.dead) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "graph fusion");
     eng_status st = fz_hoist_constants(&z);

@@ -5,4 +5,7 @@
 #define ENG_FUSE_H
 #include "../ir/graph.h"
 eng_status eng_graph_fuse(eng_graph *g);
+/* fuse-qdq.c: QDQ patterns -> QLinearConv/QLinearMatMul or ConvInteger/MatMulInteger + float rescale; run first
+ * by eng_graph_fuse. TENSORD_NO_QDQ_FUSE=1 turns it off. */
+eng_status eng_graph_fuse_qdq(eng_graph *g);
 #endif
