@@ -55,6 +55,12 @@ struct adm_jobs {
 srv_code job_check(adm_jobs *j, const cJSON *body, adm_job_rec *rec, srv_error *err);
 /* The worker's job file (JSON text, malloc'd) for rec; resume: continue from the newest checkpoint. */
 char *job_worker_file(adm_jobs *j, const adm_job_rec *rec, int resume, srv_error *err);
+/* A quantize job's worker: argv of `tensord quantize` for rec (NULL-terminated, malloc'd; free with job_argv_free). */
+char **job_quantize_argv(adm_jobs *j, const adm_job_rec *rec, const char *exe, srv_error *err);
+void job_argv_free(char **argv);
+/* The "done" event of a quantize worker that wrote version at path: version, path, and val_accuracy / val_loss (MSE)
+ * from its metrics.json's int8 evaluation (null when none). */
+cJSON *job_quantize_done(const char *path, int64_t version);
 /* The API's view of a job: the row, its spec, result and the last progress (live overrides the stored one). */
 cJSON *job_view(const adm_job_rec *r, const char *live_progress);
 /* A JSON object from text, or NULL. */

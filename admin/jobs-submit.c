@@ -16,7 +16,12 @@
 static const char *const job_keys[] = {
     "model", "base_version", "dataset", "val_dataset", "val_split", "epochs", "batch_size", "optimizer",
     "learning_rate", "momentum", "nesterov", "weight_decay", "clipnorm", "schedule", "loss", "from_logits", "freeze",
-    "early_stopping", "devices", "precision", "threads", "seed", "on_complete", "checkpoint_every", "max_steps", NULL};
+    "early_stopping", "devices", "precision", "threads", "seed", "on_complete", "checkpoint_every", "max_steps", "kind",
+    NULL};
+/* A quantize job ("kind": "quantize": tensord quantize as the worker) takes these. */
+static const char *const quant_keys[] = {"kind", "model", "base_version", "dataset", "val_dataset", "method",
+                                         "per_channel", "exclude", "threads", "on_complete", NULL};
+static const char *const qmethods[] = {"minmax", "percentile", "entropy", NULL};
 static const char *const optimizers[] = {"sgd", "adam", "adamw", NULL};
 static const char *const losses[] = {"sparse_categorical_crossentropy", "categorical_crossentropy",
                                      "binary_crossentropy", "mse", "cosine_similarity", NULL};
@@ -107,7 +112,7 @@ static void shape_text(const cJSON *shape, char *buf, size_t cap) {
 /* The dataset's columns fit the model's inputs the way training maps them (engine/train/train.c): a column named
  * after each input, or "x" for a model of one input, with as many values per example; and a "label" column. */
 static srv_code check_columns(const adm_model_info *mi, const char *model, const char *ds, const char *columns_json,
-                              srv_error *err) {
+                              int need_label, srv_error *err) {
     cJSON *cols = job_parse(columns_json);
     srv_code rc = SRV_OK;
     if (!cJSON_IsArray(cols)) {
@@ -163,7 +168,7 @@ static srv_code check_columns(const adm_model_info *mi, const char *model, const
         const cJSON *n = cJSON_GetObjectItemCaseSensitive(c, "name");
         has_label |= cJSON_IsString(n) && !strcmp(n->valuestring, "label");
     }
-    if (rc == SRV_OK && !has_label)
+    if (rc == SRV_OK && need_label && !has_label)
         rc = srv_err(err, SRV_INVALID_ARGUMENT, "dataset '%s' has no 'label' column to train against; its columns: %s", ds,
                      names);
     cJSON_Delete(cols);
@@ -193,7 +198,11 @@ static srv_code check_on_complete(const cJSON *oc, int has_val, srv_error *err) 
 srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err) {
     memset(rec, 0, sizeof *rec);
     if (!cJSON_IsObject(b)) return srv_err(err, SRV_INVALID_ARGUMENT, "the job must be a JSON object");
-    if (only_keys(b, job_keys, "a job", err)) return err->code;
+    static const char *const kinds[] = {"train", "quantize", NULL};
+    const char *kind = "train";
+    if (str_field(b, "kind", kinds, &kind, err) < 0) return err->code;
+    int quant = !strcmp(kind, "quantize");
+    if (only_keys(b, quant ? quant_keys : job_keys, quant ? "a quantize job" : "a training job", err)) return err->code;
     const char *model = NULL, *ds = NULL, *vds = NULL, *s = NULL;
     double v = 0;
     if (str_field(b, "model", NULL, &model, err) < 0 || !model)
@@ -210,9 +219,22 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         int r = num_field(b, nums[i].key, nums[i].lo, nums[i].hi, nums[i].integer, &v, err);
         if (r < 0) return err->code;
-        if (r == 0 && nums[i].required) return srv_err(err, SRV_INVALID_ARGUMENT, "\"%s\" is required", nums[i].key);
+        if (r == 0 && nums[i].required && !quant)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "\"%s\" is required", nums[i].key);
     }
     char list[256];
+    if (quant) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(b, "per_channel"), *e;
+        if (str_field(b, "method", qmethods, &s, err) < 0) return err->code;
+        if (f && !cJSON_IsBool(f)) return srv_err(err, SRV_INVALID_ARGUMENT, "\"per_channel\" must be true or false");
+        if ((f = cJSON_GetObjectItemCaseSensitive(b, "exclude"))) {
+            if (!cJSON_IsArray(f)) return srv_err(err, SRV_INVALID_ARGUMENT, "\"exclude\" must be a list of node names");
+            cJSON_ArrayForEach(e, f) if (!cJSON_IsString(e) || !*e->valuestring || strlen(e->valuestring) > 255 ||
+                                         e->valuestring[0] == '-')
+                return srv_err(err, SRV_INVALID_ARGUMENT, "\"exclude\" must be a list of node names");
+        }
+        goto model_and_data;
+    }
     if (str_field(b, "optimizer", optimizers, &s, err) <= 0) {
         set_list(optimizers, list, sizeof list);
         return s ? err->code : srv_err(err, SRV_INVALID_ARGUMENT, "\"optimizer\" is required: one of %s", list);
@@ -275,6 +297,7 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
             return srv_err(err, SRV_INVALID_ARGUMENT, "precision '%.40s' is unknown: fp32, mixed_bf16 or mixed_fp16",
                            f->valuestring);
     }
+model_and_data:;
     double vsplit = 0;
     num_field(b, "val_split", 0, 0.99, 0, &vsplit, err);
     if (vds && vsplit > 0)
@@ -297,8 +320,8 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
     adm_dataset_files df = {0}, vf = {0};
     if (rc == SRV_OK) rc = adm_datasets_files(j->o.datasets, ds, &df, err);
     if (rc == SRV_OK && vds) rc = adm_datasets_files(j->o.datasets, vds, &vf, err);
-    if (rc == SRV_OK) rc = check_columns(mi, model, ds, df.columns_json, err);
-    if (rc == SRV_OK && vds) rc = check_columns(mi, model, vds, vf.columns_json, err);
+    if (rc == SRV_OK) rc = check_columns(mi, model, ds, df.columns_json, !quant, err);
+    if (rc == SRV_OK && vds) rc = check_columns(mi, model, vds, vf.columns_json, 1, err);
     int64_t maxv = 0;
     if (rc == SRV_OK) rc = adm_state_job_max_version(j->o.state, model, &maxv, err);
     if (rc == SRV_OK) {
@@ -378,6 +401,114 @@ char *job_worker_file(adm_jobs *j, const adm_job_rec *r, int resume, srv_error *
     cJSON_Delete(spec);
     cJSON_Delete(w);
     return rc == SRV_OK ? out : NULL;
+}
+
+static int argv_add(char ***v, int *n, const char *s) {
+    char **g = realloc(*v, (size_t)(*n + 2) * sizeof *g);
+    if (!g) return -1;
+    *v = g;
+    if (!(g[*n] = strdup(s))) return -1;
+    g[++*n] = NULL;
+    return 0;
+}
+
+void job_argv_free(char **argv) {
+    for (int i = 0; argv && argv[i]; i++) free(argv[i]);
+    free(argv);
+}
+
+static int argv_files(char ***v, int *n, const char *flag, const adm_dataset_files *f) {
+    size_t len = 1;
+    for (int i = 0; i < f->nfiles; i++) len += strlen(f->files[i]) + 1;
+    char *joined = calloc(1, len);
+    if (!joined) return -1;
+    for (int i = 0; i < f->nfiles; i++) {
+        if (i) strcat(joined, ",");
+        strcat(joined, f->files[i]);
+    }
+    int rc = argv_add(v, n, flag) || argv_add(v, n, joined);
+    free(joined);
+    return rc;
+}
+
+char **job_quantize_argv(adm_jobs *j, const adm_job_rec *r, const char *exe, srv_error *err) {
+    cJSON *spec = job_parse(r->spec_json);
+    adm_model_info *mi = calloc(1, sizeof *mi);
+    adm_dataset_files df = {0}, vf = {0};
+    char vb[32], nb[32];
+    snprintf(vb, sizeof vb, "%lld", (long long)r->base_version);
+    snprintf(nb, sizeof nb, "%lld", (long long)r->new_version);
+    srv_code rc = !spec || !mi ? srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory") : SRV_OK;
+    if (rc == SRV_OK) rc = j->o.ops.model_info(j->o.ops.ctx, r->model, vb, mi, err);
+    if (rc == SRV_OK) rc = adm_datasets_files(j->o.datasets, r->dataset, &df, err);
+    if (rc == SRV_OK && r->val_dataset) rc = adm_datasets_files(j->o.datasets, r->val_dataset, &vf, err);
+    char **v = NULL;
+    int n = 0, bad = rc != SRV_OK;
+    if (!bad) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(spec, "method"), *pc = cJSON_GetObjectItemCaseSensitive(spec, "per_channel");
+        const cJSON *th = cJSON_GetObjectItemCaseSensitive(spec, "threads"), *ex = cJSON_GetObjectItemCaseSensitive(spec, "exclude"), *e;
+        bad = argv_add(&v, &n, exe) || argv_add(&v, &n, "quantize") || argv_add(&v, &n, "--model-base-path") ||
+              argv_add(&v, &n, mi->base_path) || argv_add(&v, &n, "--version") || argv_add(&v, &n, vb) ||
+              argv_add(&v, &n, "--new-version") || argv_add(&v, &n, nb) || argv_files(&v, &n, "--calibration", &df) ||
+              (r->val_dataset && argv_files(&v, &n, "--eval", &vf)) ||
+              (cJSON_IsString(m) && (argv_add(&v, &n, "--method") || argv_add(&v, &n, m->valuestring))) ||
+              (cJSON_IsFalse(pc) && argv_add(&v, &n, "--per-tensor"));
+        if (!bad && cJSON_IsNumber(th)) {
+            char t[32];
+            snprintf(t, sizeof t, "%lld", (long long)th->valuedouble);
+            bad = argv_add(&v, &n, "--threads") || argv_add(&v, &n, t);
+        }
+        cJSON_ArrayForEach(e, ex) if (!bad && cJSON_IsString(e)) bad = argv_add(&v, &n, "--exclude") || argv_add(&v, &n, e->valuestring);
+        if (bad) srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    adm_dataset_files_free(&df);
+    adm_dataset_files_free(&vf);
+    free(mi);
+    cJSON_Delete(spec);
+    if (bad) {
+        job_argv_free(v);
+        return NULL;
+    }
+    return v;
+}
+
+cJSON *job_quantize_done(const char *path, int64_t version) {
+    char mp[4400];
+    snprintf(mp, sizeof mp, "%.4200s/metrics.json", path);
+    FILE *f = fopen(mp, "r");
+    char *text = NULL;
+    size_t cap = 0, len = 0;
+    if (f) {
+        char buf[8192];
+        size_t k;
+        while ((k = fread(buf, 1, sizeof buf, f)) > 0 && len < (16u << 20)) {
+            char *g = realloc(text, cap = len + k + 1);
+            if (!g) break;
+            text = g;
+            memcpy(text + len, buf, k);
+            len += k;
+            text[len] = '\0';
+        }
+        fclose(f);
+    }
+    cJSON *m = job_parse(text), *d = cJSON_CreateObject();
+    free(text);
+    if (!d) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(d, "version", (double)version);
+    cJSON_AddStringToObject(d, "path", path);
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "evaluation"), "int8");
+    const cJSON *acc = cJSON_GetObjectItemCaseSensitive(q, "accuracy"), *mse = cJSON_GetObjectItemCaseSensitive(q, "mse");
+    if (cJSON_IsNumber(acc)) cJSON_AddNumberToObject(d, "val_accuracy", acc->valuedouble);
+    else cJSON_AddNullToObject(d, "val_accuracy");
+    if (cJSON_IsNumber(mse)) cJSON_AddNumberToObject(d, "val_loss", mse->valuedouble);
+    else cJSON_AddNullToObject(d, "val_loss");
+    const cJSON *ev = cJSON_GetObjectItemCaseSensitive(m, "evaluation");
+    if (ev) cJSON_AddItemToObject(d, "evaluation", cJSON_Duplicate(ev, 1));
+    cJSON_Delete(m);
+    return d;
 }
 
 static void add_num_or_null(cJSON *o, const char *key, int64_t v) {

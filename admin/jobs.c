@@ -262,11 +262,15 @@ static void *reader_main(void *p) {
     char *line = NULL;
     size_t cap = 0;
     cJSON *done = NULL;
-    char errmsg[1024] = "";
+    char errmsg[1024] = "", qpath[4200] = ""; /* a quantize worker prints its version's path, then its report */
     int64_t last_save = 0;
     while (in && getline(&line, &cap, in) > 0) {
         cJSON *e = job_parse(line);
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(e, "event");
+        if (!e && line[0] && line[0] != '\n' && !qpath[0]) {
+            snprintf(qpath, sizeof qpath, "%.4190s", line);
+            qpath[strcspn(qpath, "\r\n")] = '\0';
+        }
         if (!cJSON_IsString(ev)) {
             cJSON_Delete(e);
             continue;
@@ -330,6 +334,7 @@ static void *reader_main(void *p) {
         const char *state = "FAILED";
         char lp[4200], tail[600];
         snprintf(lp, sizeof lp, "%s/%lld.log", j->jobs_dir, (long long)r.id);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0 && !done && qpath[0]) done = job_quantize_done(qpath, r.new_version);
         if (WIFEXITED(st) && WEXITSTATUS(st) == 0 && done) {
             state = "SUCCEEDED";
             static const char *const keep[] = {"version", "path", "epochs_run", "steps", "loss", "accuracy", "val_loss",
@@ -426,7 +431,11 @@ static void job_start(adm_jobs *j, adm_job_rec *r) {
     srv_code rc = SRV_OK;
     if (!resume) rc = pin_stable(j, r->model, &err); /* the new version takes no traffic before its rollout */
     if (resume_f) cJSON_DeleteItemFromObjectCaseSensitive(spec, "_resume");
-    char *wf = rc == SRV_OK ? job_worker_file(j, r, resume, &err) : NULL;
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(spec, "kind");
+    int quant = cJSON_IsString(kind) && !strcmp(kind->valuestring, "quantize");
+    char **qargv = NULL;
+    if (rc == SRV_OK && quant && !(qargv = job_quantize_argv(j, r, j->worker_exe, &err))) rc = err.code ? err.code : SRV_INTERNAL;
+    char *wf = rc == SRV_OK ? (quant ? strdup("{}") : job_worker_file(j, r, resume, &err)) : NULL;
     char jf[4200], lf[4200];
     snprintf(jf, sizeof jf, "%s/%lld.json", j->jobs_dir, (long long)r->id);
     snprintf(lf, sizeof lf, "%s/%lld.log", j->jobs_dir, (long long)r->id);
@@ -461,13 +470,15 @@ static void job_start(adm_jobs *j, adm_job_rec *r) {
             if (lfd >= 0) dup2(lfd, 2);
             int nul = open("/dev/null", O_RDONLY);
             if (nul >= 0) dup2(nul, 0);
-            execl(j->worker_exe, j->worker_exe, "train", "--job", jf, (char *)NULL);
+            if (qargv) execv(j->worker_exe, qargv);
+            else execl(j->worker_exe, j->worker_exe, "train", "--job", jf, (char *)NULL);
             _exit(127);
         }
         if (lfd >= 0) close(lfd);
         if (pid < 0) rc = srv_err(&err, SRV_INTERNAL, "cannot fork a worker: %s", strerror(errno));
     }
     if (pfd[1] >= 0) close(pfd[1]);
+    job_argv_free(qargv);
     if (rc != SRV_OK) {
         if (pfd[0] >= 0) close(pfd[0]);
         free(run);

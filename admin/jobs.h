@@ -8,6 +8,10 @@
  *                                       "weight_decay"?, "schedule"?, "loss", "freeze"?, "early_stopping"?, "devices"?,
  *                                       "precision"?, "threads"?, "seed"?, "on_complete"?: {"action": "none" | "promote" |
  *                                       "canary", "traffic_percent"?, "label"?, "min_val_accuracy"?, "max_val_loss"?}}
+ *                                       Or {"kind": "quantize", "model", "base_version"?, "dataset" (calibration),
+ *                                       "val_dataset"? (the accuracy report and the gates), "method"? (minmax |
+ *                                       percentile | entropy), "per_channel"?, "exclude"?: [node...], "threads"?,
+ *                                       "on_complete"?}: `tensord quantize` as the worker, writing the int8 QDQ version.
  *                                       -> 201 the job (QUEUED). Checked up front: unknown keys, types and ranges, the
  *                                       model and its base version (AVAILABLE), the datasets, their columns against
  *                                       the model's inputs, devices (cpu only in this build), precision (fp32 only).

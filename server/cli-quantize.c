@@ -36,12 +36,12 @@ int srv_cmd_quantize(int argc, char **argv);
 static void quantize_usage(FILE *f) {
     fprintf(f, "usage: tensord quantize --model-base-path DIR --version N --calibration FILE[,FILE]\n"
                "         [--method minmax|percentile|entropy] [--per-channel|--per-tensor] [--exclude NODE]...\n"
-               "         [--eval FILE[,FILE]] [--batch-size B] [--threads T]\n");
+               "         [--eval FILE[,FILE]] [--batch-size B] [--threads T] [--new-version V (default N+1)]\n");
 }
 
 typedef struct qz_args {
     const char *base;
-    long long version, bs, threads;
+    long long version, bs, threads, new_version; /* new_version 0: version + 1 */
     const char *calib[QZ_MAX_FILES], *eval[QZ_MAX_FILES], *exclude[QZ_MAX_FILES];
     int ncalib, neval, nexclude;
     char *owned[2 * QZ_MAX_FILES];
@@ -96,6 +96,8 @@ static int qz_parse(qz_args *a, int argc, char **argv) {
         else if ((v = srv_flag(argc, argv, &i, "--model-base-path"))) a->base = v;
         else if ((v = srv_flag(argc, argv, &i, "--version"))) {
             if (qz_i64("--version", v, 1, &a->version)) return 2;
+        } else if ((v = srv_flag(argc, argv, &i, "--new-version"))) {
+            if (qz_i64("--new-version", v, 1, &a->new_version)) return 2;
         } else if ((v = srv_flag(argc, argv, &i, "--batch-size"))) {
             if (qz_i64("--batch-size", v, 1, &a->bs)) return 2;
         } else if ((v = srv_flag(argc, argv, &i, "--threads"))) {
@@ -222,7 +224,7 @@ int srv_cmd_quantize(int argc, char **argv) {
     }
     char src[4096], what[4200], tmp[4096] = "", path[4400];
     snprintf(what, sizeof what, "model '%s' version %lld", a.base, a.version);
-    int64_t newv = (int64_t)a.version + 1;
+    int64_t newv = a.new_version > 0 ? (int64_t)a.new_version : (int64_t)a.version + 1;
     eng_graph *g = NULL, *qg = NULL;
     eng_dataset *cal = NULL, *ev = NULL;
     eng_quant_plan plan = {0};

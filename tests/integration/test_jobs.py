@@ -339,3 +339,39 @@ def test_fine_tune_with_the_tensord_admin_command(tmp_path):
         p = run("cancel", str(jid))
         assert p.returncode == 1 and "already ended" in p.stderr, p.stderr
         assert run("delete-dataset", "small").returncode == 0
+
+
+def test_quantize_job_rolls_out_an_int8_canary(tmp_path):
+    """"kind": "quantize": `tensord quantize` as the worker, its int8 version gated and rolled out like a training
+    job's."""
+    base, state, srv, aport, xs, ys = _small_job_server(tmp_path, n=1024)
+    with srv:
+        _upload_npz(aport, tmp_path, "calib", xs[:512], ys[:512])
+        _upload_npz(aport, tmp_path, "val", xs[512:], ys[512:])
+        r = admin_req(aport, "POST", "/v1/admin/jobs", json={"kind": "quantize", "model": "m", "dataset": "calib",
+                                                             "epochs": 1})
+        assert r.status_code == 400 and "epochs" in r.text, r.text
+        r = admin_req(aport, "POST", "/v1/admin/jobs", json={"kind": "quantize", "model": "m", "dataset": "calib",
+                                                             "method": "kmeans"})
+        assert r.status_code == 400 and "method" in r.text, r.text
+        r = admin_req(aport, "POST", "/v1/admin/jobs", json={
+            "kind": "quantize", "model": "m", "dataset": "calib", "val_dataset": "val", "method": "minmax",
+            "on_complete": {"action": "canary", "traffic_percent": 30, "min_val_accuracy": 0.0}})
+        assert r.status_code == 201, r.text
+        job = r.json()
+        evs = _events(aport, job["id"], timeout=300)
+        final = evs[-1][1]
+        assert final["state"] == "SUCCEEDED", final
+        assert final["version"] == 2 and final["result"]["rollout"]["applied"], final
+        metrics = json.load(open(f"{base}/2/metrics.json"))
+        assert metrics["quantization"]["method"] == "minmax" and metrics["quantization"]["nodes_quantized"]
+        assert final["result"]["val_accuracy"] == metrics["evaluation"]["int8"]["accuracy"]
+        assert admin_req(aport, "GET", "/v1/admin/models/m/traffic").json()["routes"] == {"stable": 70, "canary": 30}
+        x = xs[512:520].reshape(8, 1, 28, 28).tolist()
+        r1 = srv.post_json("/v1/models/m/labels/stable:predict", {"instances": x})
+        r2 = srv.post_json("/v1/models/m/labels/canary:predict", {"instances": x})
+        assert r1.status_code == 200 and r2.status_code == 200, (r1.text, r2.text)
+        assert r2.headers["X-Model-Version"] == "2"
+        p1 = np.array(r1.json()["predictions"]).argmax(1)
+        p2 = np.array(r2.json()["predictions"]).argmax(1)
+        assert (p1 == p2).mean() >= 0.75, (p1, p2)  # the int8 version mostly agrees with fp32
