@@ -93,18 +93,6 @@ struct adm_upload {
 
 /* ---- files ---- */
 
-static int ds_rm_cb(const char *p, const struct stat *sb, int type, struct FTW *ftw) {
-    (void)sb, (void)type, (void)ftw;
-    return remove(p) == 0 || errno == ENOENT ? 0 : -1;
-}
-
-/* rm -rf path (no symlinks followed). 0, or -1 with errno. */
-static int ds_remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
-    return nftw(path, ds_rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 static int ds_fsync_path(const char *path, int dir) {
     int fd = open(path, (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
     if (fd < 0) return -1;
@@ -172,7 +160,7 @@ static void ds_sweep(adm_datasets *d) {
         }
         char *p = ds_join(d->root, e->d_name);
         if (!p) continue;
-        if (ds_remove_tree(p) == 0) {
+        if (srv_remove_tree(p) == 0) {
             removed++;
             if (!tmp)
                 srv_log(SRV_LOG_WARN, "dataset_orphan", NULL, 0,
@@ -249,7 +237,7 @@ static void ds_discard(adm_upload *u) {
     if (u->fd >= 0) close(u->fd);
     u->fd = -1;
     if (u->tmp) {
-        if (ds_remove_tree(u->tmp) != 0)
+        if (srv_remove_tree(u->tmp) != 0)
             srv_log(SRV_LOG_WARN, "dataset_cleanup", NULL, 0, "cannot remove %s: %s", u->tmp, strerror(errno));
         free(u->tmp);
         u->tmp = NULL;
@@ -676,7 +664,7 @@ srv_code adm_datasets_delete(adm_datasets *d, const char *id, srv_error *err) {
     pthread_mutex_lock(&d->commit_mu);
     c = adm_state_dataset_delete(d->state, id, err);
     if (!c) {
-        if (ds_remove_tree(dir) != 0) /* the record is gone; the next start removes what is left */
+        if (srv_remove_tree(dir) != 0) /* the record is gone; the next start removes what is left */
             srv_log(SRV_LOG_WARN, "dataset_cleanup", NULL, 0, "dataset '%s' is deleted but '%s' could not be removed: %s",
                     id, dir, strerror(errno));
         ds_fsync_path(d->root, 1);

@@ -42,12 +42,6 @@ static void set_list(const char *const *set, char *buf, size_t cap) {
 
 cJSON *job_parse(const char *text) { return text ? cJSON_Parse(text) : NULL; }
 
-/* err's message behind "prefix: " (a copy first: srv_err writes into err->msg). */
-static srv_code prefixed(srv_error *err, srv_code code, const char *prefix) {
-    char m[sizeof err->msg];
-    snprintf(m, sizeof m, "%s", err->msg);
-    return srv_err(err, code, "%s: %s", prefix, m);
-}
 
 /* A number field in [lo, hi] (integral when integer); absent: *v unchanged, 0. -1 with err when bad. */
 static int num_field(const cJSON *o, const char *key, double lo, double hi, int integer, double *v, srv_error *err) {
@@ -185,7 +179,7 @@ static srv_code check_on_complete(const cJSON *oc, int has_val, srv_error *err) 
     if (str_field(oc, "action", actions, &action, err) < 0 || str_field(oc, "label", NULL, &label, err) < 0 ||
         num_field(oc, "traffic_percent", 1, 99, 1, &pct, err) < 0 || num_field(oc, "min_val_accuracy", 0, 1, 0, &x, err) < 0 ||
         num_field(oc, "max_val_loss", 0, 1e30, 0, &x, err) < 0)
-        return prefixed(err, SRV_INVALID_ARGUMENT, "on_complete");
+        return srv_err(err, SRV_INVALID_ARGUMENT, "on_complete: %s", err->msg);
     if (!strcmp(label, "stable"))
         return srv_err(err, SRV_INVALID_ARGUMENT, "on_complete: \"label\" cannot be 'stable' (the version serving now)");
     if ((cJSON_GetObjectItemCaseSensitive(oc, "min_val_accuracy") || cJSON_GetObjectItemCaseSensitive(oc, "max_val_loss")) &&
@@ -264,7 +258,7 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
             num_field(f, "min_lr", 0, 10, 0, &v, err) < 0) {
             set_list(schedules, list, sizeof list);
             if (!err->msg[0]) srv_err(err, SRV_INVALID_ARGUMENT, "\"kind\" must be one of: %s", list);
-            return prefixed(err, SRV_INVALID_ARGUMENT, "\"schedule\"");
+            return srv_err(err, SRV_INVALID_ARGUMENT, "\"schedule\": %s", err->msg);
         }
     }
     if ((f = cJSON_GetObjectItemCaseSensitive(b, "early_stopping"))) {
@@ -316,7 +310,7 @@ model_and_data:;
     adm_model_info *mi = calloc(1, sizeof *mi);
     if (!mi) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     srv_code rc = j->o.ops.model_info(j->o.ops.ctx, model, vbuf, mi, err);
-    if (rc != SRV_OK) rc = prefixed(err, rc, "job");
+    if (rc != SRV_OK) rc = srv_err(err, rc, "job: %s", err->msg);
     adm_dataset_files df = {0}, vf = {0};
     if (rc == SRV_OK) rc = adm_datasets_files(j->o.datasets, ds, &df, err);
     if (rc == SRV_OK && vds) rc = adm_datasets_files(j->o.datasets, vds, &vf, err);

@@ -238,15 +238,6 @@ static void log_tail(const char *path, char *buf, size_t cap) {
     fclose(f);
 }
 
-static void rm_tree(const char *path) {
-    pid_t p = fork();
-    if (p == 0) {
-        execl("/bin/rm", "rm", "-rf", "--", path, (char *)NULL);
-        _exit(127);
-    }
-    if (p > 0) waitpid(p, NULL, 0);
-}
-
 typedef struct reader_arg {
     adm_jobs *j;
     job_run *run;
@@ -378,7 +369,7 @@ static void *reader_main(void *p) {
             srv_error e3 = {0};
             if (mi && j->o.ops.model_info(j->o.ops.ctx, r.model, vb, mi, &e3) == SRV_OK) {
                 snprintf(ck, sizeof ck, "%s/.train-%lld", mi->base_path, (long long)r.new_version);
-                rm_tree(ck);
+                srv_remove_tree(ck);
             }
             free(mi);
         }

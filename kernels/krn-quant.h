@@ -38,4 +38,17 @@ typedef struct krn_qconv_params {
     int qlinear;
 } krn_qconv_params;
 
+/* Batch offset (in matrices) of a MatMul operand with batch dims bd[0..r) (padded with leading 1s, broadcast where
+ * 1) for output batch index bi over the output's batch dims yd[0..r). Shared by the reference and oneDNN paths. */
+static inline int64_t krn_q_batch_off(const int64_t *bd, const int64_t *yd, int r, int64_t bi) {
+    int64_t off = 0, stride = 1;
+    for (int d = r - 1; d >= 0; d--) {
+        int64_t coord = bi % yd[d];
+        bi /= yd[d];
+        if (bd[d] != 1) off += coord * stride;
+        stride *= bd[d];
+    }
+    return off;
+}
+
 #endif

@@ -221,8 +221,9 @@ static srv_code change(srv_admin_ctx *a, const char *model, srv_code (*fn)(srv_m
                                                                           srv_error *err),
                        const void *arg, srv_error *err) {
     srv_model_config m, before;
-    if (srv_registry_get_model(a->reg, model, &m, err) != SRV_OK) return err->code;
-    srv_code rc = srv_registry_get_model(a->reg, model, &before, err);
+    if (srv_registry_get_model(a->reg, model, &before, err) != SRV_OK) return err->code;
+    srv_code rc = srv_model_config_copy(&m, &before) == 0 ? SRV_OK
+                                                          : srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     if (rc == SRV_OK) rc = fn(&m, arg, err);
     if (rc == SRV_OK) rc = srv_registry_put_model(a->reg, &m, err);
     if (rc == SRV_OK && persist_model(a, &m, 0, err) != SRV_OK) { /* not kept: not applied either */

@@ -23,18 +23,6 @@ static void evaluate_usage(FILE *f) {
                "         [--batch-size B] [--threads T]\n");
 }
 
-static int eval_parse_i64(const char *flag, const char *v, long long lo, long long *out) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || errno || x < lo) {
-        fprintf(stderr, "error: %s: '%s' is not an integer >= %lld\n", flag, v, lo);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static void add_num(cJSON *o, const char *k, double v) {
     if (isfinite(v)) cJSON_AddNumberToObject(o, k, v);
     else cJSON_AddNullToObject(o, k);
@@ -55,13 +43,13 @@ int srv_cmd_evaluate(int argc, char **argv) {
         if ((v = srv_flag(argc, argv, &i, "--model-base-path"))) {
             base = v;
         } else if ((v = srv_flag(argc, argv, &i, "--version"))) {
-            if (eval_parse_i64("--version", v, 1, &version)) goto out;
+            if (srv_flag_i64("--version", v, 1, &version)) goto out;
         } else if ((v = srv_flag(argc, argv, &i, "--against"))) {
-            if (eval_parse_i64("--against", v, 1, &against)) goto out;
+            if (srv_flag_i64("--against", v, 1, &against)) goto out;
         } else if ((v = srv_flag(argc, argv, &i, "--batch-size"))) {
-            if (eval_parse_i64("--batch-size", v, 1, &bs)) goto out;
+            if (srv_flag_i64("--batch-size", v, 1, &bs)) goto out;
         } else if ((v = srv_flag(argc, argv, &i, "--threads"))) {
-            if (eval_parse_i64("--threads", v, 0, &threads) || threads > 4096) {
+            if (srv_flag_i64("--threads", v, 0, &threads) || threads > 4096) {
                 if (threads > 4096) fprintf(stderr, "error: --threads: '%s' is too large\n", v);
                 goto out;
             }

@@ -49,18 +49,6 @@ typedef struct qz_args {
     eng_quant_opts o;
 } qz_args;
 
-static int qz_i64(const char *flag, const char *v, long long lo, long long *out) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (end == v || *end || errno || x < lo) {
-        fprintf(stderr, "error: %s: '%s' is not an integer >= %lld\n", flag, v, lo);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static int qz_split(qz_args *a, const char *flag, const char *v, const char **list, int *n) {
     if (a->nowned == 2 * QZ_MAX_FILES || !(a->owned[a->nowned] = strdup(v))) {
         fprintf(stderr, "error: %s: given too many times\n", flag);
@@ -95,13 +83,13 @@ static int qz_parse(qz_args *a, int argc, char **argv) {
         else if (strcmp(argv[i], "--per-tensor") == 0) a->o.per_channel = 0;
         else if ((v = srv_flag(argc, argv, &i, "--model-base-path"))) a->base = v;
         else if ((v = srv_flag(argc, argv, &i, "--version"))) {
-            if (qz_i64("--version", v, 1, &a->version)) return 2;
+            if (srv_flag_i64("--version", v, 1, &a->version)) return 2;
         } else if ((v = srv_flag(argc, argv, &i, "--new-version"))) {
-            if (qz_i64("--new-version", v, 1, &a->new_version)) return 2;
+            if (srv_flag_i64("--new-version", v, 1, &a->new_version)) return 2;
         } else if ((v = srv_flag(argc, argv, &i, "--batch-size"))) {
-            if (qz_i64("--batch-size", v, 1, &a->bs)) return 2;
+            if (srv_flag_i64("--batch-size", v, 1, &a->bs)) return 2;
         } else if ((v = srv_flag(argc, argv, &i, "--threads"))) {
-            if (qz_i64("--threads", v, 0, &a->threads)) return 2;
+            if (srv_flag_i64("--threads", v, 0, &a->threads)) return 2;
             if (a->threads > 4096) {
                 fprintf(stderr, "error: --threads: '%s' is too large\n", v);
                 return 2;

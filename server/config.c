@@ -232,11 +232,7 @@ static srv_code cfg_auto_rollback(const srv_tp *t, const char *what, srv_model_c
     }
     for (int i = 0; i < 4; i++) {
         int rc = srv_tp_double(a, f[i].name, &v[i], err);
-        if (rc == -2) {
-            char m[sizeof err->msg];
-            snprintf(m, sizeof m, "%s", err->msg); /* srv_err writes into err->msg */
-            return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback: %s", what, c->name, m);
-        }
+        if (rc == -2) return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback: %s", what, c->name, err->msg);
         if (rc == 0 && !(v[i] >= f[i].lo && v[i] <= f[i].hi))
             return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': auto_rollback %s must be %g..%g, got %g", what,
                            c->name, f[i].name, f[i].lo, f[i].hi, v[i]);

@@ -1,4 +1,5 @@
 /* main.c - the tensord binary: subcommand dispatch. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,18 @@ const char *srv_flag(int argc, char **argv, int *i, const char *name) {
         exit(2);
     }
     return argv[++*i];
+}
+
+int srv_flag_i64(const char *flag, const char *v, long long lo, long long *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno || x < lo) {
+        fprintf(stderr, "error: %s: '%s' is not an integer >= %lld\n", flag, v, lo);
+        return -1;
+    }
+    *out = x;
+    return 0;
 }
 
 int main(int argc, char **argv) {

@@ -59,7 +59,7 @@ void srv_model_config_free(srv_model_config *c) {
 
 static char *dupz(const char *s) { return s ? strdup(s) : NULL; }
 
-static int cfg_copy(srv_model_config *d, const srv_model_config *s) {
+int srv_model_config_copy(srv_model_config *d, const srv_model_config *s) {
     memset(d, 0, sizeof *d);
     d->policy = s->policy;
     d->latest_n = s->latest_n > 0 ? s->latest_n : 1;
@@ -506,7 +506,7 @@ static srv_code reg_apply(srv_registry *r, const srv_model_config *cfgs, int n, 
     srv_model_config *cp = calloc((size_t)n + 1, sizeof *cp);
     int ncp = 0;
     for (; cp && ncp < n; ncp++)
-        if (cfg_copy(&cp[ncp], &cfgs[ncp]) != 0) break;
+        if (srv_model_config_copy(&cp[ncp], &cfgs[ncp]) != 0) break;
     if (!cp || ncp < n) {
         for (int i = 0; cp && i < ncp; i++) srv_model_config_free(&cp[i]);
         free(cp);
@@ -811,7 +811,7 @@ static int model_copy(const reg_model *m, srv_model_config *out) {
     tmp.label_names = m->lnames;
     tmp.label_versions = m->lvers;
     tmp.nlabels = m->nl;
-    return cfg_copy(out, &tmp);
+    return srv_model_config_copy(out, &tmp);
 }
 
 srv_code srv_registry_get_config(srv_registry *r, srv_model_config **out, int *n, srv_error *err) {

@@ -164,6 +164,8 @@ srv_code srv_registry_remove_model(srv_registry *r, const char *model, srv_error
 srv_code srv_registry_set_label(srv_registry *r, const char *model, const char *label, int64_t version, srv_error *err);
 /* A copy of one model's config (labels and traffic included); free with srv_model_config_free. NOT_FOUND. */
 srv_code srv_registry_get_model(srv_registry *r, const char *model, srv_model_config *out, srv_error *err);
+/* A deep copy of s into d (labels and traffic included); 0, or -1 on OOM (d then empty). */
+int srv_model_config_copy(srv_model_config *d, const srv_model_config *s);
 /* Set label to version in c (added when c has no such label). */
 srv_code srv_model_config_set_label(srv_model_config *c, const char *label, int64_t version, srv_error *err);
 

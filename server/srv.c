@@ -1,8 +1,9 @@
 /* srv.c - what every serving file shares: status codes and their HTTP mapping, error values, named tensor
- * sets that own their data, name validation and a monotonic clock.
+ * sets that own their data, name validation, removing a directory tree and a monotonic clock.
  *
  * Invariants:
- *  - srv_err never fails and always NUL-terminates err->msg (messages longer than SRV_ERR_MAX are cut).
+ *  - srv_err never fails and always NUL-terminates err->msg (messages longer than SRV_ERR_MAX are cut); its
+ *    arguments may include err->msg itself, to put context before a message.
  *  - An srv_tensors owns names[i] (malloc) and t[i].data (eng_alloc) for every i < n; names and t always
  *    have the same length n; srv_tensors_free leaves a zeroed, reusable set.
  *  - srv_tensors_add takes ownership of the data in every case, also when it fails (then the data is freed),
@@ -11,20 +12,25 @@
 #define _GNU_SOURCE
 #include "srv.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 
 srv_code srv_err(srv_error *err, srv_code code, const char *fmt, ...) {
     if (!err) return code;
     err->code = code;
+    char m[sizeof err->msg]; /* formatted aside first: an argument may be err->msg itself ("ctx: %s", err->msg) */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
+    memcpy(err->msg, m, sizeof m);
     return code;
 }
 
@@ -134,6 +140,34 @@ void srv_tensors_free(srv_tensors *s) {
     free(s->names);
     free(s->t);
     memset(s, 0, sizeof *s);
+}
+
+/* (readdir, not nftw: unit tests compile this file in after system headers, without _XOPEN_SOURCE) */
+int srv_remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (!d) return -1;
+        int rc = 0;
+        struct dirent *e;
+        while (rc == 0 && (e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            size_t n = strlen(path) + strlen(e->d_name) + 2;
+            char *p = malloc(n);
+            if (!p) {
+                errno = ENOMEM;
+                rc = -1;
+                break;
+            }
+            snprintf(p, n, "%s/%s", path, e->d_name);
+            rc = srv_remove_tree(p);
+            free(p);
+        }
+        closedir(d);
+        if (rc != 0) return -1;
+    }
+    return remove(path) == 0 || errno == ENOENT ? 0 : -1;
 }
 
 int srv_name_valid(const char *name) {

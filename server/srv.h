@@ -68,6 +68,8 @@ void srv_tensors_free(srv_tensors *s); /* frees contents, leaves s zeroed */
 
 /* Names must match [A-Za-z0-9_.-]+, not "." or "..", at most 255 chars. */
 int srv_name_valid(const char *name);
+/* rm -rf path: a file or a directory tree, symlinks not followed; a missing path is fine. 0, or -1 with errno. */
+int srv_remove_tree(const char *path);
 
 /* 1 if the header value hdr is "Bearer <token>" (scheme case-insensitive; REST's Authorization header and
  * gRPC's authorization metadata). Takes the same time wherever hdr and token first differ. */

@@ -282,13 +282,7 @@ eng_status eng_quant_calibrate(const eng_graph *g, const char *what, eng_dataset
         }
         for (int64_t b0 = 0; st == ENG_STATUS_OK && b0 < d->n; b0 += bs) {
             int64_t rows = d->n - b0 < bs ? d->n - b0 : bs;
-            for (int i = 0; i < ncols; i++) {
-                const eng_tensor *ct = &d->cols[cols[i]].t;
-                size_t row_bytes = eng_tensor_nbytes(ct) / (size_t)ct->dims[0];
-                in[i] = *ct;
-                in[i].dims[0] = rows;
-                in[i].data = (char *)ct->data + (size_t)b0 * row_bytes;
-            }
+            eng_eval_rows(d, cols, ncols, b0, rows, in);
             st = eng_session_run(s, ncols, names, in, outs);
             if (st != ENG_STATUS_OK) {
                 st = eng_err_prefix(st, "%s: calibration examples %lld..%lld: ", what, (long long)b0,

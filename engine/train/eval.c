@@ -23,6 +23,16 @@ static void col_list(const eng_dataset *d, char *buf, size_t cap) {
         k += (size_t)snprintf(buf + k, cap - k, "%s'%s'", j ? ", " : "", d->cols[j].name);
 }
 
+void eng_eval_rows(const eng_dataset *d, const int *cols, int ncols, int64_t b0, int64_t rows, eng_tensor *in) {
+    for (int i = 0; i < ncols; i++) {
+        const eng_tensor *ct = &d->cols[cols[i]].t;
+        size_t row_bytes = eng_tensor_nbytes(ct) / (size_t)ct->dims[0];
+        in[i] = *ct;
+        in[i].dims[0] = rows;
+        in[i].data = (char *)ct->data + (size_t)b0 * row_bytes;
+    }
+}
+
 eng_status eng_eval_fit(const eng_graph *g, eng_dataset *d, const char *what, int *cols, int *ncols) {
     int nin = 0;
     for (int i = 0; i < g->ninputs; i++)
@@ -143,13 +153,7 @@ eng_status eng_eval_model(const char *path, const char *what, eng_dataset *d, co
     const char *oname = st == ENG_STATUS_OK ? g->values[g->outputs[0]].name : "";
     for (int64_t b0 = 0; st == ENG_STATUS_OK && b0 < d->n; b0 += bs) {
         int64_t rows = d->n - b0 < bs ? d->n - b0 : bs;
-        for (int i = 0; i < ncols; i++) {
-            const eng_tensor *ct = &d->cols[cols[i]].t;
-            size_t row_bytes = eng_tensor_nbytes(ct) / (size_t)ct->dims[0];
-            in[i] = *ct;
-            in[i].dims[0] = rows;
-            in[i].data = (char *)ct->data + (size_t)b0 * row_bytes;
-        }
+        eng_eval_rows(d, cols, ncols, b0, rows, in);
         st = eng_session_run(s, ncols, names, in, outs);
         if (st != ENG_STATUS_OK) {
             st = eng_err_prefix(st, "%s: examples %lld..%lld: ", what, (long long)b0, (long long)(b0 + rows - 1));

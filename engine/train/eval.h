@@ -47,6 +47,9 @@ typedef struct eng_eval_cmp {
  * Fitting changes d's columns in place (dtype, per-example shape); fitting again for a model with the same
  * inputs is a no-op. */
 eng_status eng_eval_fit(const eng_graph *g, eng_dataset *d, const char *what, int *cols, int *ncols);
+/* Views of rows [b0, b0 + rows) of the columns cols[0..ncols) (as eng_eval_fit picked them) into in[0..ncols): the
+ * dataset's own memory, no copy. */
+void eng_eval_rows(const eng_dataset *d, const int *cols, int ncols, int64_t b0, int64_t rows, eng_tensor *in);
 
 /* Run the model at `path` (model.onnx or a version directory) over every example of d (fitted here) and score
  * it against d's "label" column. *p is filled (free with eng_eval_preds_free). Cost: one pass over d with

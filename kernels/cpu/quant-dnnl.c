@@ -279,18 +279,6 @@ static eng_status qd_run(qd_state *s, const krn_call *c, const void *src, void *
 
 /* ---------------------------------------------------------------- MatMulInteger / QLinearMatMul */
 
-/* Batch offset (in matrices) of an operand with batch dims bd[0..r) for output batch index bi over yd. */
-static int64_t qd_batch_off(const int64_t *bd, const int64_t *yd, int r, int64_t bi) {
-    int64_t off = 0, stride = 1;
-    for (int d = r - 1; d >= 0; d--) {
-        int64_t coord = bi % yd[d];
-        bi /= yd[d];
-        if (bd[d] != 1) off += coord * stride;
-        stride *= bd[d];
-    }
-    return off;
-}
-
 /* Column sums of each of the nbb int8 (K, N) matrices in w into S (nbb, N). */
 static void qd_colsums(const int8_t *w, int64_t nbb, int64_t K, int64_t N, int32_t *S) {
     for (int64_t b = 0; b < nbb; b++) {
@@ -409,7 +397,7 @@ eng_status krn_cpu_qmatmul_exec(krn_call *c) {
     int nt = c->nthreads > 0 ? c->nthreads : 1;
 #pragma omp parallel for num_threads(nt) if (nt > 1 && rows * N > 65536)
     for (int64_t row = 0; row < rows; row++) {
-        const int32_t *S = s->S + qd_batch_off(s->bb, s->yb, s->r, row / M) * N;
+        const int32_t *S = s->S + krn_q_batch_off(s->bb, s->yb, s->r, row / M) * N;
         uint32_t *yr = y + row * N;
         for (int64_t j = 0; j < N; j++) yr[j] -= (uint32_t)xz * (uint32_t)S[j];
     }

@@ -136,19 +136,6 @@ static int32_t *q_widen(const eng_tensor *x, const eng_tensor *zp, int64_t C, in
     return w;
 }
 
-/* Batch offset (in matrices) of an operand with batch dims bd[0..r) (padded with leading 1s) for output batch
- * coordinate bi of yd[0..r). */
-static int64_t q_batch_off(const int64_t *bd, const int64_t *yd, int r, int64_t bi) {
-    int64_t off = 0, stride = 1;
-    for (int d = r - 1; d >= 0; d--) {
-        int64_t coord = bi % yd[d];
-        bi /= yd[d];
-        if (bd[d] != 1) off += coord * stride;
-        stride *= bd[d];
-    }
-    return off;
-}
-
 eng_status krn_cpu_qmatmul_ref(krn_call *c) {
     const krn_qmatmul_params *p = c->params;
     int ia = 0, ib = p->qlinear ? 3 : 1;
@@ -180,7 +167,8 @@ eng_status krn_cpu_qmatmul_ref(krn_call *c) {
     int32_t lo = 0, hi = 0;
     if (p->qlinear) q_range(Y->dtype, &lo, &hi);
     for (int64_t bi = 0; bi < nbatch; bi++) {
-        const int32_t *am = a + q_batch_off(ab, yb, r, bi) * M * K, *bm = b + q_batch_off(bb, yb, r, bi) * K * N;
+        const int32_t *am = a + krn_q_batch_off(ab, yb, r, bi) * M * K;
+        const int32_t *bm = b + krn_q_batch_off(bb, yb, r, bi) * K * N;
         for (int64_t i = 0; i < M; i++) {
             memset(acc, 0, (size_t)N * sizeof *acc);
             for (int64_t k = 0; k < K; k++) { /* row of A times rows of B: streams B, no transposes */

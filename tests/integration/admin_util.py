@@ -24,6 +24,18 @@ def admin_server(tmp_path, extra=(), token=TOKEN, base=None, **kw):
     return srv, aport
 
 
+def wait_for_rollback(aport, model, timeout=40, poll=0.1):
+    """Poll the model's traffic until all of it is on stable (an automatic rollback): (traffic, monotonic time it was
+    seen), or (the last traffic, None) after timeout seconds."""
+    end, traffic = time.monotonic() + timeout, None
+    while time.monotonic() < end:
+        traffic = admin_req(aport, "GET", f"/v1/admin/models/{model}/traffic").json()
+        if traffic["routes"] == {"stable": 100}:
+            return traffic, time.monotonic()
+        time.sleep(poll)
+    return traffic, None
+
+
 def wait_admin(aport, timeout=30):
     """The admin listener opens after the inference ports: wait until it accepts connections."""
     end = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import requests
 
 import serving_util as u
 
-from admin_util import TOKEN, admin_req as _req, admin_server as _admin_server, wait_admin
+from admin_util import TOKEN, admin_req as _req, admin_server as _admin_server, wait_admin, wait_for_rollback
 
 
 def _listening(port):
@@ -354,14 +354,9 @@ def test_automatic_rollback_of_a_slow_canary(tmp_path):
         threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
         for t in threads:
             t.start()
-        end, traffic = time.monotonic() + 40, None
         try:
-            while time.monotonic() < end:
-                traffic = _req(aport, "GET", "/v1/admin/models/m/traffic").json()
-                if traffic["routes"] == {"stable": 100}:
-                    break
-                time.sleep(0.2)
-            rolled = time.monotonic()
+            traffic, rolled = wait_for_rollback(aport, "m", poll=0.2)
+            rolled = rolled or time.monotonic()
             time.sleep(1.0)
         finally:
             stop.set()

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 import grpc_util as g
 import serving_util as u
-from admin_util import admin_model, admin_req, admin_server
+from admin_util import admin_model, admin_req, admin_server, wait_for_rollback
 
 
 class Load:
@@ -212,14 +212,8 @@ def test_automatic_rollback_of_a_canary_failing_on_a_share_of_inputs(tmp_path):
         threads = [threading.Thread(target=load, args=(k,), daemon=True) for k in range(2)]
         for t in threads:
             t.start()
-        end, rolled = time.monotonic() + 40, None
         try:
-            while time.monotonic() < end:
-                traffic = admin_req(aport, "GET", "/v1/admin/models/m/traffic").json()
-                if traffic["routes"] == {"stable": 100}:
-                    rolled = time.monotonic()
-                    break
-                time.sleep(0.1)
+            traffic, rolled = wait_for_rollback(aport, "m")
             time.sleep(1.5)
         finally:
             stop.set()
