@@ -23,6 +23,9 @@ typedef struct krn_call {
     void *state;            /* set by init, passed back to exec and free_state */
     int nthreads;           /* threads the kernel may use (OpenMP) */
     unsigned const_mask;    /* bit i set: input i holds the same data on every run (weights): init may pack it */
+    eng_dtype compute;      /* reduced-precision plans: the dtype the kernel multiplies in (ENG_DTYPE_BF16 / F16),
+                             * with fp32 accumulation; its float inputs and outputs may then be f32 or that dtype.
+                             * ENG_DTYPE_UNDEFINED: compute in the dtype of the tensors (the fp32 path) */
 } krn_call;
 
 /* What a kernel's init chose, for profiles and slow-path warnings (kernels know no node names; the planner
@@ -49,15 +52,26 @@ typedef struct krn_kernel {
     void (*free_state)(void *state); /* may be NULL */
     /* Fill *info from the state init left (state may be NULL: no init, or a reference path). May be NULL. */
     void (*describe)(const krn_call *c, krn_impl_info *info);
+    /* Reduced precision: 1 if this kernel can run call c (shapes, dtypes, params final; no data) with
+     * c->compute == dt fast on this machine, the f32/bf16 dtypes of c's float inputs and outputs as given.
+     * NULL: the kernel computes only in its tensors' own dtypes. */
+    int (*compute_ok)(const krn_call *c, eng_dtype dt);
 } krn_kernel;
 
 typedef struct krn_backend {
     const char *name;        /* "cpu", "cuda" */
     const krn_kernel *const *tables; /* NULL-terminated list of {NULL}-terminated kernel arrays */
+    /* Whether this backend runs compute dtype dt (ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_I8) fast on this
+     * machine: OK, or UNSUPPORTED with a message naming what is missing (an ISA, a device capability). */
+    eng_status (*precision_check)(eng_dtype dt);
 } krn_backend;
 
 const krn_backend *krn_backend_cpu(void);
 /* Kernel by name, NULL if this backend has none. */
 const krn_kernel *krn_backend_find(const krn_backend *b, const char *name);
+/* Kernel by name and compute dtype: the kernel named `name` if it computes in dt (ENG_DTYPE_F32 / UNDEFINED:
+ * every kernel; a reduced precision: kernels with compute_ok), else NULL. Whether one call of it can (its
+ * shapes and params) is compute_ok's answer. */
+const krn_kernel *krn_backend_find_dtype(const krn_backend *b, const char *name, eng_dtype dt);
 
 #endif

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "../engine/ir/status.h"
+#include "../engine/ir/tensor.h"
 
 #define KRN_NN_MAX_SPATIAL 3
 
@@ -161,7 +162,13 @@ void krn_dnnl_reorder_free(krn_dnnl_reorder *r); /* safe on a zeroed or already 
  * nothing when they are equal. */
 eng_status krn_dnnl_io_reorder(const dnnl_memory_desc_t *plan, const dnnl_memory_desc_t *prim, int input,
                                krn_dnnl_reorder *r, void **buf);
+
+/* oneDNN's data type for a float tensor dtype (f32, bf16, f16), dnnl_data_type_undef for others. */
+dnnl_data_type_t krn_dnnl_dt(eng_dtype dt);
 #endif
+
+/* 1 if dt is a float dtype a reduced-precision (compute bf16) kernel reads or writes: F32 or BF16. */
+static inline int krn_lowp_io(eng_dtype dt) { return dt == ENG_DTYPE_F32 || dt == ENG_DTYPE_BF16; }
 
 /* Apply an activation in place on n floats (reference/fallback paths). */
 void krn_nn_act_apply_f32(float *x, int64_t n, const krn_nn_act_params *act, int nthreads);

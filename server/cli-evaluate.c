@@ -20,7 +20,9 @@ int srv_cmd_evaluate(int argc, char **argv);
 
 static void evaluate_usage(FILE *f) {
     fprintf(f, "usage: tensord evaluate --model-base-path DIR --version N --data FILE[,FILE] [--against M]\n"
-               "         [--batch-size B] [--threads T]\n");
+               "         [--batch-size B] [--threads T] [--precision fp32|bf16|fp16|int8] [--against-precision P]\n"
+               "  --precision runs version N at that precision (fp32 default); --against-precision does so for M, so\n"
+               "  `--version 2 --precision bf16 --against 2` measures what bf16 costs version 2.\n");
 }
 
 static void add_num(cJSON *o, const char *k, double v) {
@@ -33,6 +35,7 @@ int srv_cmd_evaluate(int argc, char **argv) {
     char *owned[EVAL_MAX_FILES];
     int nfiles = 0, nowned = 0, rc = 2;
     long long version = -1, against = 0, bs = 256, threads = 0;
+    eng_precision prec = ENG_PRECISION_FP32, prec_b = ENG_PRECISION_FP32;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -51,6 +54,16 @@ int srv_cmd_evaluate(int argc, char **argv) {
         } else if ((v = srv_flag(argc, argv, &i, "--threads"))) {
             if (srv_flag_i64("--threads", v, 0, &threads) || threads > 4096) {
                 if (threads > 4096) fprintf(stderr, "error: --threads: '%s' is too large\n", v);
+                goto out;
+            }
+        } else if ((v = srv_flag(argc, argv, &i, "--precision"))) {
+            if (eng_precision_parse(v, &prec) != ENG_STATUS_OK) {
+                fprintf(stderr, "error: --precision: %s\n", eng_last_error());
+                goto out;
+            }
+        } else if ((v = srv_flag(argc, argv, &i, "--against-precision"))) {
+            if (eng_precision_parse(v, &prec_b) != ENG_STATUS_OK) {
+                fprintf(stderr, "error: --against-precision: %s\n", eng_last_error());
                 goto out;
             }
         } else if ((v = srv_flag(argc, argv, &i, "--data"))) {
@@ -77,7 +90,7 @@ int srv_cmd_evaluate(int argc, char **argv) {
         evaluate_usage(stderr);
         goto out;
     }
-    eng_eval_opts o = {.batch_size = bs, .nthreads = (int)threads};
+    eng_eval_opts o = {.batch_size = bs, .nthreads = (int)threads, .precision = prec, .precision_b = prec_b};
     eng_eval_report r;
     if (eng_eval_versions(base, version, against, files, nfiles, &o, &r) != ENG_STATUS_OK) {
         fprintf(stderr, "error: %s\n", eng_last_error());
@@ -87,6 +100,7 @@ int srv_cmd_evaluate(int argc, char **argv) {
     }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "version", (double)version);
+    cJSON_AddStringToObject(j, "precision", eng_precision_name(prec));
     cJSON_AddNumberToObject(j, "examples", (double)r.examples);
     const int cls = r.a.classification;
     add_num(j, cls ? "accuracy" : "mse", cls ? r.a.accuracy : r.a.mse);
@@ -95,6 +109,7 @@ int srv_cmd_evaluate(int argc, char **argv) {
     if (against > 0) {
         cJSON *a = cJSON_AddObjectToObject(j, "against");
         cJSON_AddNumberToObject(a, "version", (double)against);
+        cJSON_AddStringToObject(a, "precision", eng_precision_name(prec_b));
         if (cls) {
             add_num(a, "accuracy", r.b.accuracy);
             add_num(a, "agreement", r.cmp.agreement);

@@ -263,7 +263,7 @@ int srv_cmd_quantize(int argc, char **argv) {
         }
     }
     if (st == ENG_STATUS_OK && ev) {
-        st = eng_eval_model(src, what, ev, &(eng_eval_opts){a.bs, (int)a.threads}, &pf);
+        st = eng_eval_model(src, what, ev, &(eng_eval_opts){.batch_size = a.bs, .nthreads = (int)a.threads}, &pf);
         if (st != ENG_STATUS_OK && a.neval) st = eng_err_prefix(st, "--eval data: ");
     }
     if (st == ENG_STATUS_OK) st = eng_quant_rewrite(g, &plan, &a.o, &qg);
@@ -288,7 +288,7 @@ int srv_cmd_quantize(int argc, char **argv) {
     if (st == ENG_STATUS_OK && ev) {
         char qwhat[4200];
         snprintf(qwhat, sizeof qwhat, "model '%s' version %lld (quantized)", a.base, (long long)newv);
-        st = eng_eval_model(tmp, qwhat, ev, &(eng_eval_opts){a.bs, (int)a.threads}, &pq);
+        st = eng_eval_model(tmp, qwhat, ev, &(eng_eval_opts){.batch_size = a.bs, .nthreads = (int)a.threads}, &pq);
         if (st == ENG_STATUS_OK) st = eng_eval_compare(&pq, &pf, &cmp);
     }
     if (st == ENG_STATUS_OK) {

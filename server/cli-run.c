@@ -17,6 +17,7 @@ typedef struct run_args {
     const char *model;
     const char *outdir;
     int nthreads;
+    eng_precision precision;
     int iterations, warmup;
     int ninputs;
     char *names[RUN_MAX_INPUTS];
@@ -46,6 +47,12 @@ static int parse(int argc, char **argv, run_args *a, int bench) {
         else if ((v = srv_flag(argc, argv, &i, "--output-dir"))) a->outdir = v;
         else if ((v = srv_flag(argc, argv, &i, "--threads"))) a->nthreads = atoi(v);
         else if ((v = srv_flag(argc, argv, &i, "--iterations"))) a->iterations = atoi(v);
+        else if ((v = srv_flag(argc, argv, &i, "--precision"))) {
+            if (eng_precision_parse(v, &a->precision) != ENG_STATUS_OK) {
+                fprintf(stderr, "error: --precision: %s\n", eng_last_error());
+                return 2;
+            }
+        }
         else if ((v = srv_flag(argc, argv, &i, "--warmup"))) a->warmup = atoi(v);
         else if ((v = srv_flag(argc, argv, &i, "--input"))) {
             const char *eq = strchr(v, '=');
@@ -115,7 +122,7 @@ static int open_model(int argc, char **argv, int bench, run_args *a, eng_session
         run_args_free(a);
         return rc;
     }
-    eng_session_opts so = {.nthreads = a->nthreads};
+    eng_session_opts so = {.nthreads = a->nthreads, .precision = a->precision};
     if (eng_session_new_file(a->model, &so, s) != ENG_STATUS_OK) {
         run_args_free(a);
         return fail(NULL);
@@ -189,6 +196,8 @@ int srv_cmd_bench(int argc, char **argv) {
         printf("model=%s nodes=%d steps=%d folded=%d dynamic=%d arena_bytes=%zu (without reuse %zu) first_run_ms=%.3f",
                a.model, st.nodes, st.steps, st.folded, st.dynamic, st.arena_bytes, st.naive_bytes, first);
         if (st.split_workers) printf(" batch_split=%d threads x %d rows", st.split_workers, st.split_rows);
+        printf(" precision=%s", eng_precision_name(st.precision));
+        if (st.lowp_steps) printf(" (%d steps, %d activations in %s)", st.lowp_steps, st.lowp_values, eng_precision_name(st.precision));
         printf("\n");
         printf("iterations=%d min_ms=%.4f max_ms=%.4f\n", a.iterations, t[0], t[a.iterations - 1]);
         printf("median_ms=%.4f p90_ms=%.4f\n", med, p90);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "textproto.h"
+#include "../engine/plan/plan.h"
 
 typedef enum { OPT_INT, OPT_I64, OPT_DOUBLE, OPT_BOOL, OPT_STR } opt_kind;
 
@@ -345,6 +346,15 @@ static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, 
                        what, name, SRV_MAX_INSTANCES, f->scalar ? f->scalar : "{...}");
     }
     c->instance_count = icr == 0 ? (int)ic : 0;
+    const srv_tp *pf = srv_tp_get(m, "precision", 0); /* tensord's: every version at this precision */
+    if (pf) {
+        eng_precision prec;
+        if (!pf->scalar || eng_precision_parse(pf->scalar, &prec) != ENG_STATUS_OK)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': precision must be \"fp32\", \"bf16\", \"fp16\" or \"int8\", got '%.40s'",
+                           what, name, pf->scalar ? pf->scalar : "{...}");
+        c->precision = (int)prec;
+        c->precision_set = 1;
+    }
     int nl = srv_tp_count(m, "version_labels");
     /* text format: repeated { key: 'a' value: 1 }; JSON map: "version_labels": {"a": 1, ...} */
     int total = 0;

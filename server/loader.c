@@ -61,7 +61,8 @@ static void *loader_main(void *arg) {
     srv_log(SRV_LOG_INFO, "load_start", l->model, l->version, "loading %s/%lld (timeout %g s)", l->base,
             (long long)l->version, reg_load_timeout_s(r));
     srv_version_ctx ctx = {.reg = r, .id = l->id, .session_threads = r->opts.session_threads,
-                           .instances = l->instances, .batching = r->opts.batching, .metrics = NULL, .cancel = &l->cancel};
+                           .instances = l->instances, .batching = r->opts.batching, .metrics = NULL, .cancel = &l->cancel,
+                           .precision = l->precision};
     srv_version *v = NULL;
     srv_error err = {0};
     srv_code c = srv_version_load(&ctx, l->model, l->base, l->version, &v, &err);
@@ -157,6 +158,7 @@ int reg_load_start(srv_registry *r, reg_model *m, reg_ver *e, const srv_bundle_s
         l->version = e->version;
         l->instances = srv_instances_resolve(m->cfg.instance_count, r->opts.instances_per_version,
                                              r->opts.session_threads);
+        l->precision = m->cfg.precision_set ? m->cfg.precision : -1;
         l->id = ++r->next_id;
         if (stamp) l->stamp = *stamp;
         l->start_us = srv_now_us();

@@ -67,6 +67,7 @@ typedef struct reg_load {
     uint64_t gen;             /* the model's identity when it started */
     int64_t version;
     int instances;            /* execution instances for the version (srv_instances_resolve) */
+    int precision;            /* the model config's precision, -1: the version's signature decides */
     uint64_t id;              /* the version object's id */
     srv_bundle_stamp stamp;   /* of the version directory when the load started */
     int64_t start_us, deadline_us;

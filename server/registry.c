@@ -64,6 +64,8 @@ int srv_model_config_copy(srv_model_config *d, const srv_model_config *s) {
     d->policy = s->policy;
     d->latest_n = s->latest_n > 0 ? s->latest_n : 1;
     d->instance_count = s->instance_count;
+    d->precision = s->precision;
+    d->precision_set = s->precision_set;
     d->ar_on = s->ar_on;
     d->ar_max_error_rate = s->ar_max_error_rate;
     d->ar_max_p99_ratio = s->ar_max_p99_ratio;

@@ -49,6 +49,9 @@ typedef struct srv_model_config {
     char **label_names;      /* version_labels */
     int64_t *label_versions;
     int nlabels;
+    int precision;           /* tensord's `precision: "bf16"`: every version of the model runs at this eng_precision,
+                              * whatever its signature.json says; -1 (or absent, 0 after memset: see precision_set) */
+    int precision_set;       /* 1: `precision` was given; 0: each version's signature.json decides (fp32 default) */
     int instance_count;      /* execution instances per version (tensord's `instance_count`, Triton's
                               * instance_group count), 1..SRV_MAX_INSTANCES; 0: the server's default */
     /* Traffic (tensord's `traffic { ... }`): requests that name neither a version nor a label go to one of these

@@ -534,6 +534,7 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
         c = VERR(SRV_CANCELLED, "load cancelled");
         goto fail;
     }
+    if (ctx->precision >= 0) v->sig.precision = (eng_precision)ctx->precision; /* the model config's wins */
     eng_session_opts so = {.nthreads = ctx->session_threads, .precision = v->sig.precision};
     if (ctx->batching) {
         /* Batches come in every size up to max_batch_size (or the allowed sizes): keep a plan per size, or

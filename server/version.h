@@ -53,6 +53,7 @@ typedef struct srv_version_ctx {
     const srv_batch_opts *batching; /* NULL: off; must outlive the version */
     srv_metrics *metrics;        /* may be NULL */
     const atomic_int *cancel;    /* may be NULL; once non-zero the load stops at its next step (CANCELLED) */
+    int precision;               /* eng_precision the model config sets; -1: the version's signature.json decides */
 } srv_version_ctx;
 
 /* Reads the signature, parses model.onnx once and builds ctx->instances sessions from copies of the graph,

@@ -17,6 +17,7 @@ typedef struct plan_step {
     int inited;
     unsigned const_mask;
     krn_impl_info *impl;        /* what the kernel's init chose (kernels with describe()), NULL otherwise */
+    eng_dtype compute;          /* reduced-precision plans: the dtype this step multiplies in (plan-precision.c) */
 } plan_step;
 
 typedef struct plan_split plan_split;
@@ -43,7 +44,13 @@ struct eng_plan {
     double *prof_ms;    /* TENSORD_PROFILE=1: time per static step, summed over runs; printed by eng_plan_free */
     int64_t prof_runs;
     plan_split *split;  /* batch-parallel execution (plan-split.c); NULL when the plan runs whole */
+    int lowp_steps;     /* steps computing in the plan's reduced precision */
+    int lowp_values;    /* activations stored in it */
 };
+
+/* plan-precision.c: choose each step's compute dtype and the activations stored in the reduced one (bf16 / fp16
+ * plans), after shape inference and folding, before memory planning. */
+eng_status plan_precision(eng_plan *p);
 
 
 /* Arena bytes the static plan's activations need (liveness-based reuse), without allocating. */

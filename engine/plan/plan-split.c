@@ -409,6 +409,8 @@ struct eng_plan_cache {
         const eng_graph *g;
         eng_tensor *shapes; /* g->ninputs input shapes (data NULL) */
         int slot;           /* worker index, or nworkers for a tail plan */
+        eng_precision precision;
+        const krn_backend *backend;
         eng_plan *plan;
     } e[SPLIT_CACHE_MAX];
     int n;
@@ -442,7 +444,8 @@ static eng_status split_plan_get(const eng_plan *p, const eng_tensor *inputs, co
         if (sp->in_m[i]) in[i].dims[0] = rows;
     }
     for (int i = 0; c && i < c->n; i++)
-        if (c->e[i].g == g && c->e[i].slot == slot && eng_shapes_equal_n(c->e[i].shapes, in, g->ninputs)) {
+        if (c->e[i].g == g && c->e[i].slot == slot && c->e[i].precision == p->opts.precision &&
+            c->e[i].backend == p->opts.backend && eng_shapes_equal_n(c->e[i].shapes, in, g->ninputs)) {
             free(in);
             *out = c->e[i].plan;
             return ENG_STATUS_OK;
@@ -454,6 +457,7 @@ static eng_status split_plan_get(const eng_plan *p, const eng_tensor *inputs, co
     eng_status st = eng_plan_new(g, &o, in, out);
     if (st == ENG_STATUS_OK && c) { /* the caller checked there is room */
         c->e[c->n].g = g, c->e[c->n].shapes = in, c->e[c->n].slot = slot, c->e[c->n].plan = *out;
+        c->e[c->n].precision = p->opts.precision, c->e[c->n].backend = p->opts.backend;
         c->n++;
         return st;
     }
@@ -628,4 +632,8 @@ void plan_split_stats(const eng_plan *p, eng_plan_stats *st) {
     if (!p->split) return;
     st->split_rows = (int)p->split->rows;
     st->split_workers = p->split->nworkers;
+    if (p->split->nworkers > 0 && p->split->full[0]) { /* the sub-plans are what runs */
+        st->lowp_steps = p->split->full[0]->lowp_steps;
+        st->lowp_values = p->split->full[0]->lowp_values;
+    }
 }

@@ -155,9 +155,9 @@ static int buf_cmp(const void *a, const void *b) {
  * (engine/plan/fuse.c's layout pass, KRN_NN_LAYOUT_BLOCKED16_PADDED), N * ceil16(C) * H * W floats. */
 static size_t plan_value_bytes(const eng_graph *g, int v, const eng_tensor *t) {
     int pr = g->values[v].producer;
-    if (pr >= 0 && t->ndim == 4 && t->dtype == ENG_DTYPE_F32 &&
+    if (pr >= 0 && t->ndim == 4 && (t->dtype == ENG_DTYPE_F32 || t->dtype == ENG_DTYPE_BF16) &&
         eng_node_attr_int(&g->nodes[pr], "y_layout", 0) == KRN_NN_LAYOUT_BLOCKED16_PADDED)
-        return (size_t)krn_nn_padded_numel(t->dims) * sizeof(float);
+        return (size_t)krn_nn_padded_numel(t->dims) * eng_dtype_size(t->dtype);
     return eng_tensor_nbytes(t);
 }
 
@@ -255,7 +255,7 @@ static eng_status init_steps(eng_plan *p) {
         for (int i = 0; i < n->nout; i++)
             if (n->outputs[i] >= 0) out[i] = p->vals[n->outputs[i]];
         krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
-                      .nthreads = p->nthreads, .const_mask = s->const_mask};
+                      .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute};
         eng_status st = s->kernel->init(&c);
         if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
         s->state = c.state;
@@ -272,9 +272,10 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
     p->g = g;
     if (opts) p->opts = *opts;
     p->nthreads = p->opts.nthreads > 0 ? p->opts.nthreads : omp_get_num_procs();
-    if (p->opts.precision != ENG_PRECISION_FP32) {
+    eng_status pst = eng_plan_precision_check(g, plan_backend(p), p->opts.precision);
+    if (pst != ENG_STATUS_OK) {
         eng_plan_free(&p);
-        return eng_err(ENG_STATUS_UNSUPPORTED, "precision %d is not implemented yet (fp32 only)", (int)opts->precision);
+        return pst;
     }
     int nv = g->nvalues, nn = g->nnodes;
     p->vals = calloc((size_t)nv + 1, sizeof *p->vals);
@@ -407,6 +408,8 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
             goto fail;
         }
     }
+    st = plan_precision(p);
+    if (st != ENG_STATUS_OK) goto fail;
     if (!p->dynamic) {
         const char *prof = getenv("TENSORD_PROFILE");
         if (prof && *prof && *prof != '0') p->prof_ms = calloc((size_t)p->nsteps + 1, sizeof *p->prof_ms);
@@ -545,7 +548,8 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
                 else memset(&outs[i], 0, sizeof outs[i]);
             }
             krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = outs, .nout = n->nout,
-                          .state = s->state, .nthreads = p->nthreads, .const_mask = s->const_mask};
+                          .state = s->state, .nthreads = p->nthreads, .const_mask = s->const_mask,
+                          .compute = s->compute};
             double t0 = p->prof_ms ? plan_now_ms() : 0;
             eng_status st = s->kernel->exec(&c);
             if (p->prof_ms) p->prof_ms[si] += plan_now_ms() - t0;
@@ -565,6 +569,9 @@ void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
     st->dynamic = p->dynamic;
     st->arena_bytes = p->arena_bytes;
     st->naive_bytes = p->naive_bytes;
+    st->precision = p->opts.precision;
+    st->lowp_steps = p->lowp_steps;
+    st->lowp_values = p->lowp_values;
     plan_split_stats(p, st);
 }
 
@@ -583,8 +590,9 @@ void eng_plan_free(eng_plan **pp) {
             const eng_node *n = &p->g->nodes[s->node];
             char sb[160];
             const eng_tensor *o = n->nout && n->outputs[0] >= 0 ? &p->vals[n->outputs[0]] : NULL;
-            fprintf(stderr, "  %8.4f  %-24s %-20s %-22s %s%s\n", p->prof_ms[si] / (double)p->prof_runs, n->op_type,
+            fprintf(stderr, "  %8.4f  %-24s %-20s %-22s %s%s%s%s\n", p->prof_ms[si] / (double)p->prof_runs, n->op_type,
                     n->name, o ? eng_shape_str(o->dims, o->ndim, sb, sizeof sb) : "", s->impl ? s->impl->impl : "",
+                    s->compute ? " compute=" : "", s->compute ? eng_dtype_name(s->compute) : "",
                     s->impl && s->impl->slow ? "  [SLOW]" : "");
             if (s->impl) nre += s->impl->reorders, nslow += s->impl->slow;
         }

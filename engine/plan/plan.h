@@ -30,7 +30,15 @@ typedef enum eng_precision {
     ENG_PRECISION_INT8 = 3,
 } eng_precision;
 
-/* Sub-plans of batch-parallel plans (below), shared by every plan built with the same cache: the chunk plan
+const char *eng_precision_name(eng_precision p); /* "fp32", "fp16", "bf16", "int8" */
+eng_status eng_precision_parse(const char *s, eng_precision *out);
+
+/* Precision (eng_plan_opts.precision) is a plan property. fp32: every step in its tensors' dtypes. bf16 / fp16:
+ * convolutions and matmuls compute in the reduced dtype with fp32 accumulation, weights converted once, and
+ * activations between such steps stored in it; softmax, normalisation, losses, eltwise ops and the graph outputs
+ * stay fp32 (plan-precision.c). int8: the model's quantized nodes run int8 kernels (requires a quantized model).
+ *
+ * Sub-plans of batch-parallel plans (below), shared by every plan built with the same cache: the chunk plan
  * for R rows serves every batch size that splits into R-row chunks, so the batch sizes 1..64 a dynamic batcher
  * produces compile a few sub-plans instead of one whole plan each. Not thread-safe: plans that share a cache
  * must run one at a time (an eng_session serialises its runs). Free it after every plan that used it. */
@@ -59,7 +67,15 @@ typedef struct eng_plan_stats {
     size_t naive_bytes; /* sum of all intermediate sizes without reuse */
     int split_rows;     /* batch-parallel plans: rows per sub-batch (0: the plan runs whole) */
     int split_workers;  /* batch-parallel plans: threads each running its own sub-batches */
+    eng_precision precision;
+    int lowp_steps;     /* bf16 / fp16 plans: steps computing in that dtype (summed over a split plan's sub-plans) */
+    int lowp_values;    /* activations stored in it */
 } eng_plan_stats;
+
+/* Whether graph g can run at precision prec on backend b (NULL: CPU) fast: OK, or UNSUPPORTED with a message
+ * naming what is missing (the CPU's ISA for bf16 / fp16; quantized ops for int8, with the `tensord quantize`
+ * hint). Never a silent slow path: eng_plan_new and eng_session_new refuse what this refuses. */
+eng_status eng_plan_precision_check(const eng_graph *g, const krn_backend *b, eng_precision prec);
 
 /* inputs: g->ninputs tensors in g->inputs order giving dtype and shape (data ignored); an entry with dtype
  * UNDEFINED means "not fed" (allowed only for initializers listed as inputs). */

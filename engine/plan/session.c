@@ -15,6 +15,8 @@ typedef struct sess_plan {
     eng_tensor *shapes; /* g->ninputs entries, data NULL */
     eng_plan *plan;
     uint64_t last_used;
+    eng_precision precision; /* with the shapes and the backend, the plan's key */
+    const krn_backend *backend;
 } sess_plan;
 
 struct eng_session {
@@ -79,6 +81,11 @@ eng_status eng_session_new_graph(eng_graph *g, const eng_session_opts *opts, eng
             return st;
         }
     }
+    eng_status pst = eng_plan_precision_check(g, s->opts.backend, s->opts.precision);
+    if (pst != ENG_STATUS_OK) {
+        eng_session_free(&s);
+        return pst;
+    }
     *out = s;
     return ENG_STATUS_OK;
 }
@@ -123,15 +130,17 @@ static eng_status validate(const eng_graph *g, int idx, const eng_tensor *t) {
     return ENG_STATUS_OK;
 }
 
-static eng_status find_plan(eng_session *s, eng_plan **out) {
+static eng_status find_plan(eng_session *s, eng_precision prec, eng_plan **out) {
     const eng_graph *g = s->g;
     for (int i = 0; i < s->nplans; i++)
-        if (eng_shapes_equal_n(s->plans[i].shapes, s->feed, g->ninputs)) {
+        if (s->plans[i].precision == prec && s->plans[i].backend == s->opts.backend &&
+            eng_shapes_equal_n(s->plans[i].shapes, s->feed, g->ninputs)) {
             s->plans[i].last_used = ++s->tick;
             *out = s->plans[i].plan;
             return ENG_STATUS_OK;
         }
-    eng_plan_opts po = {.nthreads = s->opts.nthreads, .precision = s->opts.precision, .subplans = s->subplans};
+    eng_plan_opts po = {.nthreads = s->opts.nthreads, .precision = prec, .backend = s->opts.backend,
+                        .subplans = s->subplans};
     eng_plan *p = NULL;
     ENG_TRY(eng_plan_new(g, &po, s->feed, &p));
     eng_tensor *shapes = calloc((size_t)g->ninputs + 1, sizeof *shapes);
@@ -154,13 +163,18 @@ static eng_status find_plan(eng_session *s, eng_plan **out) {
     } else {
         s->nplans++;
     }
-    s->plans[slot] = (sess_plan){shapes, p, ++s->tick};
+    s->plans[slot] = (sess_plan){shapes, p, ++s->tick, prec, s->opts.backend};
     *out = p;
     return ENG_STATUS_OK;
 }
 
 eng_status eng_session_run(eng_session *s, int nin, const char *const *names, const eng_tensor *inputs,
                            eng_tensor *outputs) {
+    return eng_session_run_at(s, s->opts.precision, nin, names, inputs, outputs);
+}
+
+eng_status eng_session_run_at(eng_session *s, eng_precision prec, int nin, const char *const *names,
+                              const eng_tensor *inputs, eng_tensor *outputs) {
     const eng_graph *g = s->g;
     char list[1024];
     pthread_mutex_lock(&s->mu);
@@ -183,7 +197,7 @@ eng_status eng_session_run(eng_session *s, int nin, const char *const *names, co
         if (s->feed[i].dtype == ENG_DTYPE_UNDEFINED && !g->values[g->inputs[i]].init)
             st = eng_err(ENG_STATUS_INVALID_ARGUMENT, "missing input '%s'", g->values[g->inputs[i]].name);
     eng_plan *p = NULL;
-    if (st == ENG_STATUS_OK) st = find_plan(s, &p);
+    if (st == ENG_STATUS_OK) st = find_plan(s, prec, &p);
     if (st == ENG_STATUS_OK) {
         s->last = p;
         st = eng_plan_run(p, s->feed, outputs);

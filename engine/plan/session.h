@@ -1,4 +1,5 @@
-/* session.h - the engine's front door: a loaded model plus a cache of compiled plans, keyed by input shapes.
+/* session.h - the engine's front door: a loaded model plus a cache of compiled plans, keyed by (input shapes,
+ * precision, backend), so one loaded model can run at fp32 and bf16 side by side (eng_session_run_at).
  *
  * A session owns its graph (after load-time rewrites such as fusion). eng_session_run validates inputs by name
  * against the model's declared inputs (unknown or missing names, dtype, rank and fixed dims, each error naming
@@ -14,7 +15,8 @@
 
 typedef struct eng_session_opts {
     int nthreads;        /* <= 0: all cores */
-    eng_precision precision;
+    eng_precision precision;    /* of eng_session_run; refused at load when the backend cannot run it fast */
+    const krn_backend *backend; /* NULL: CPU */
     int no_fuse;         /* 1: skip fusion rewrites */
     int max_plans;       /* <= 0: 16 */
 } eng_session_opts;
@@ -32,6 +34,10 @@ const eng_graph *eng_session_graph(const eng_session *s);
  * outputs: g->noutputs views into session memory, valid until the next run on this session or its free. */
 eng_status eng_session_run(eng_session *s, int nin, const char *const *names, const eng_tensor *inputs,
                            eng_tensor *outputs);
+
+/* As eng_session_run, at precision prec (which may differ from the session's: its plans are cached apart). */
+eng_status eng_session_run_at(eng_session *s, eng_precision prec, int nin, const char *const *names,
+                              const eng_tensor *inputs, eng_tensor *outputs);
 
 /* Stats of the plan used by the last run (zeroed if none). */
 void eng_session_last_stats(const eng_session *s, eng_plan_stats *st);

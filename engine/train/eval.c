@@ -131,6 +131,7 @@ eng_status eng_eval_model(const char *path, const char *what, eng_dataset *d, co
     memset(p, 0, sizeof *p);
     eng_session_opts so = {0};
     so.nthreads = opts ? opts->nthreads : 0;
+    so.precision = opts ? opts->precision : ENG_PRECISION_FP32;
     int64_t bs = opts && opts->batch_size > 0 ? opts->batch_size : 256;
     eng_session *s = NULL;
     eng_status st = eng_session_new_file(path, &so, &s);
@@ -256,12 +257,14 @@ eng_status eng_eval_versions(const char *base, int64_t version, int64_t against,
     r->examples = d->n;
     char path[4096], what[4200];
     eng_status st = eng_bundle_path(path, sizeof path, base, version, NULL);
-    snprintf(what, sizeof what, "model '%s' version %lld", base, (long long)version);
-    if (st == ENG_STATUS_OK) st = eng_eval_model(path, what, d, opts, &r->a);
+    eng_eval_opts oa = opts ? *opts : (eng_eval_opts){0}, ob = oa;
+    ob.precision = oa.precision_b;
+    snprintf(what, sizeof what, "model '%s' version %lld at %s", base, (long long)version, eng_precision_name(oa.precision));
+    if (st == ENG_STATUS_OK) st = eng_eval_model(path, what, d, &oa, &r->a);
     if (st == ENG_STATUS_OK && against > 0) {
         st = eng_bundle_path(path, sizeof path, base, against, NULL);
-        snprintf(what, sizeof what, "model '%s' version %lld", base, (long long)against);
-        if (st == ENG_STATUS_OK) st = eng_eval_model(path, what, d, opts, &r->b);
+        snprintf(what, sizeof what, "model '%s' version %lld at %s", base, (long long)against, eng_precision_name(ob.precision));
+        if (st == ENG_STATUS_OK) st = eng_eval_model(path, what, d, &ob, &r->b);
         if (st == ENG_STATUS_OK) st = eng_eval_compare(&r->a, &r->b, &r->cmp);
         if (st != ENG_STATUS_OK && r->a.n && r->b.n)
             st = eng_err_prefix(st, "versions %lld and %lld: ", (long long)version, (long long)against);

@@ -17,10 +17,13 @@
 
 #include "../data/data.h"
 #include "../ir/graph.h"
+#include "../plan/plan.h"
 
 typedef struct eng_eval_opts {
     int64_t batch_size; /* <= 0: 256 */
     int nthreads;       /* <= 0: all cores */
+    eng_precision precision;   /* of the model evaluated (eng_eval_versions: version N); fp32 by default */
+    eng_precision precision_b; /* eng_eval_versions: of the version compared against (M) */
 } eng_eval_opts;
 
 /* One model's predictions over a dataset, kept so that two models can be compared example by example. */

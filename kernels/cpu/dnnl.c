@@ -280,3 +280,12 @@ void krn_dnnl_reorder_free(krn_dnnl_reorder *r) {
     if (r->dst) dnnl_memory_destroy(r->dst);
     memset(r, 0, sizeof *r);
 }
+
+dnnl_data_type_t krn_dnnl_dt(eng_dtype dt) {
+    switch (dt) {
+    case ENG_DTYPE_F32: return dnnl_f32;
+    case ENG_DTYPE_BF16: return dnnl_bf16;
+    case ENG_DTYPE_F16: return dnnl_f16;
+    default: return dnnl_data_type_undef;
+    }
+}

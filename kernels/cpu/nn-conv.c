@@ -49,6 +49,9 @@ typedef struct conv_state {
     void *dw_wpack;
     float *dw_bzero;
     int dw_split;
+    /* compute bf16 with weights that change between runs (training): they are converted on every exec */
+    krn_dnnl_reorder rwei;
+    void *twei;
 } conv_state;
 
 void krn_cpu_conv_free(void *p);
@@ -61,6 +64,8 @@ static void conv_clear(conv_state *s) {
     krn_dnnl_reorder_free(&s->rsrc);
     krn_dnnl_reorder_free(&s->rdst);
     krn_dnnl_reorder_free(&s->rres);
+    krn_dnnl_reorder_free(&s->rwei);
+    eng_free(s->twei);
     eng_free(s->tsrc);
     eng_free(s->tdst);
     if (s->prim) dnnl_primitive_destroy(s->prim);
@@ -89,9 +94,11 @@ void krn_cpu_conv_free(void *p) {
 /* Winograd F(4x4, 3x3) (oneDNN) for 3x3 stride-1 convs with at least 32 input and output channels: measured
  * 1.3-1.8x faster than the direct kernel there, slower below 32 channels. Its rounding differs from direct
  * convolution by ~1e-6 relative. TENSORD_CONV_WINOGRAD=0 turns it off. */
-static int conv_want_winograd(const krn_conv_params *p, const eng_tensor *x, const eng_tensor *y) {
+static int conv_want_winograd(const krn_call *c) {
+    const krn_conv_params *p = c->params;
+    const eng_tensor *x = &c->in[0], *y = &c->out[0];
     const char *e = getenv("TENSORD_CONV_WINOGRAD");
-    if (e && *e == '0') return 0;
+    if ((e && *e == '0') || c->compute) return 0; /* oneDNN's Winograd is fp32 only */
     return p->nspatial == 2 && p->group == 1 && p->kernel[0] == 3 && p->kernel[1] == 3 && p->strides[0] == 1 &&
            p->strides[1] == 1 && p->dilations[0] == 1 && p->dilations[1] == 1 && x->dims[1] >= 32 && y->dims[1] >= 32;
 }
@@ -161,7 +168,7 @@ static eng_status conv_dnnl_build(krn_call *c, conv_state *s) {
         eng_err_clear();
         return conv_dw_split_build(c, s);
     }
-    if (conv_want_winograd(c->params, &c->in[0], &c->out[0])) {
+    if (conv_want_winograd(c)) {
         if (conv_try_build(c, s, dnnl_convolution_winograd, 0) == ENG_STATUS_OK) return ENG_STATUS_OK;
         eng_err_clear(); /* oneDNN has no Winograd kernel for this shape or machine: go direct */
     }
@@ -229,15 +236,18 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED) dtag = krn_nn_blocked16(dd[1]) ? dnnl_nChw16c : dnnl_nhwc;
     if (nd == 4 && p->x_layout == KRN_NN_LAYOUT_BLOCKED16_PADDED) stag = dnnl_nChw16c;
     if (nd == 4 && p->y_layout == KRN_NN_LAYOUT_BLOCKED16_PADDED) dtag = dnnl_nChw16c;
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, nd, sd, dnnl_f32, stag));
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, fd, dnnl_f32, dtag));
-    dnnl_memory_desc_t smd_op = smd, dmd_op; /* what the primitive is asked for */
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, dnnl_f32, dtag));
-    if (any_io & 1) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd_op, nd, sd, dnnl_f32, dnnl_format_tag_any));
-    if (any_io & 2) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, dnnl_f32, dnnl_format_tag_any));
+    /* the plan's dtypes (f32, or bf16 activations in a bf16 plan) and the one the primitive multiplies in */
+    dnnl_data_type_t xdt = krn_dnnl_dt(x->dtype), ydt = krn_dnnl_dt(y->dtype), cdt = c->compute ? krn_dnnl_dt(c->compute) : dnnl_f32;
+    if (xdt == dnnl_data_type_undef || ydt == dnnl_data_type_undef || cdt == dnnl_data_type_undef)
+        return eng_err(ENG_STATUS_UNSUPPORTED, "conv: no oneDNN path for %s in, %s out", eng_dtype_name(x->dtype), eng_dtype_name(y->dtype));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, nd, sd, xdt, stag));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, nd, fd, ydt, dtag));
+    dnnl_memory_desc_t smd_op, dmd_op; /* what the primitive is asked for */
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd_op, nd, sd, cdt, (any_io & 1) ? dnnl_format_tag_any : stag));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, ydt, (any_io & 2) ? dnnl_format_tag_any : dtag));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wplain, wnd, wd, dnnl_f32, conv_plain_tags[wnd]));
     s->wconst = (c->const_mask >> 1) & 1;
-    if (s->wconst) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wmd_any, wnd, wd, dnnl_f32, dnnl_format_tag_any));
+    if (s->wconst || cdt != dnnl_f32) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wmd_any, wnd, wd, cdt, dnnl_format_tag_any));
     else wmd_any = wplain;
     int has_b = c->nin > 2 && c->in[2].dtype != ENG_DTYPE_UNDEFINED;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a));
@@ -255,7 +265,8 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
         for (int i = 0; i < z->ndim; i++) zd[nd - z->ndim + i] = z->dims[i];
         dnnl_format_tag_t ztag = conv_plain_tags[nd];
         if (p->y_layout != KRN_NN_LAYOUT_PLAIN && z->ndim == nd) ztag = dtag;
-        if (z->ndim > nd || dnnl_memory_desc_init_by_tag(&rmd, nd, zd, dnnl_f32, ztag) != dnnl_success)
+        if (z->ndim > nd || krn_dnnl_dt(z->dtype) == dnnl_data_type_undef ||
+            dnnl_memory_desc_init_by_tag(&rmd, nd, zd, krn_dnnl_dt(z->dtype), ztag) != dnnl_success)
             est = ENG_STATUS_UNSUPPORTED;
         else if ((any_io & 2) && z->ndim == nd && eng_shape_equal(z, y)) { /* Z is reordered into Y's chosen layout */
             s->res_sum = 1;
@@ -290,6 +301,7 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
         KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, s->wpack));
     } else {
         KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, DNNL_MEMORY_NONE));
+        ENG_TRY(krn_dnnl_io_reorder(&wplain, wmd, 1, &s->rwei, &s->twei)); /* bf16: converted every exec */
     }
     const dnnl_memory_desc_t *psrc = dnnl_primitive_desc_query_md(s->pd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *pdst = dnnl_primitive_desc_query_md(s->pd, dnnl_query_dst_md, 0);
@@ -337,7 +349,8 @@ static eng_status conv_pool_build(krn_call *c, conv_state *s) {
     const krn_conv_params *p = c->params;
     const eng_tensor *x = &c->in[0];
     int64_t N = x->dims[0], M = c->out[0].dims[1];
-    if (p->nspatial != 2 || !krn_nn_blocked16(M) || x->dtype != ENG_DTYPE_F32 || (p->has_residual && c->nin > 3))
+    if (p->nspatial != 2 || !krn_nn_blocked16(M) || !krn_lowp_io(x->dtype) || (x->dtype != ENG_DTYPE_F32 && !c->compute) ||
+        c->out[0].dtype != ENG_DTYPE_F32 || (p->has_residual && c->nin > 3))
         return eng_err(ENG_STATUS_INTERNAL, "conv+pool fusion needs a 2-D float32 conv with channels %% 16 == 0");
     s->Hc = conv_out_dim(p, x->dims[2], 0);
     s->Wc = conv_out_dim(p, x->dims[3], 1);
@@ -387,7 +400,12 @@ static eng_status conv_run_prim(conv_state *s, dnnl_stream_t stream, const void 
     if (s->rres.prim) ENG_TRY(krn_dnnl_reorder_run(&s->rres, stream, c->in[3].data, dst));
     KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, (void *)src));
     KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, dst));
-    if (!s->wconst) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
+    if (s->twei) {
+        ENG_TRY(krn_dnnl_reorder_run(&s->rwei, stream, c->in[1].data, s->twei));
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, s->twei));
+    } else if (!s->wconst) {
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
+    }
     dnnl_exec_arg_t args[8] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
     int na = 3;
     if (s->mscratch) args[na].arg = DNNL_ARG_SCRATCHPAD, args[na++].memory = s->mscratch;
@@ -455,8 +473,24 @@ static eng_status conv_pool_exec(krn_call *c, conv_state *s, dnnl_stream_t strea
     return ENG_STATUS_OK;
 }
 
+/* compute_ok: bf16 on oneDNN's bf16 kernels, float32 or bf16 activations in and out (a fused MaxPool reads the
+ * conv's float32 output), float32 weights (converted once when constant, every run when not); not the fused
+ * 1x1 + depthwise pair. */
+int krn_cpu_conv_compute_ok(const krn_call *c, eng_dtype dt) {
+    const krn_conv_params *p = c->params;
+    if (dt != ENG_DTYPE_BF16 || !p || p->dw_stride || p->nspatial < 1 || p->nspatial > 3) return 0;
+    if (p->pool && (p->nspatial != 2 || c->out[0].dtype != ENG_DTYPE_F32 || p->has_residual)) return 0; /* pools f32 */
+    if (c->nin < 2 || !krn_lowp_io(c->in[0].dtype) || c->in[1].dtype != ENG_DTYPE_F32 || !krn_lowp_io(c->out[0].dtype))
+        return 0;
+    if (c->nin > 2 && c->in[2].dtype != ENG_DTYPE_UNDEFINED && c->in[2].dtype != ENG_DTYPE_F32) return 0;
+    if (p->has_residual && c->nin > 3 && c->in[3].dtype != ENG_DTYPE_UNDEFINED && !krn_lowp_io(c->in[3].dtype)) return 0;
+    return eng_tensor_numel(&c->out[0]) > 0 && eng_tensor_numel(&c->in[0]) > 0;
+}
+
 eng_status krn_cpu_conv_init(krn_call *c) {
-    if (c->in[0].dtype != ENG_DTYPE_F32 || eng_tensor_numel(&c->out[0]) == 0 || eng_tensor_numel(&c->in[0]) == 0)
+    if (c->compute && !krn_cpu_conv_compute_ok(c, c->compute))
+        return eng_err(ENG_STATUS_INTERNAL, "conv cannot compute in %s here", eng_dtype_name(c->compute));
+    if ((c->in[0].dtype != ENG_DTYPE_F32 && !c->compute) || eng_tensor_numel(&c->out[0]) == 0 || eng_tensor_numel(&c->in[0]) == 0)
         return ENG_STATUS_OK;
     const krn_conv_params *p = c->params;
     if (p->pool) {
@@ -481,6 +515,8 @@ eng_status krn_cpu_conv_init(krn_call *c) {
     }
     krn_cpu_conv_free(s);
     if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
+    if (c->compute) /* no reference loops in bf16 */
+        return eng_err_prefix(st, "oneDNN has no %s convolution for this shape: ", eng_dtype_name(c->compute));
     if (p->x_layout || p->y_layout) return st; /* reference loops only read/write plain layouts */
     if (p->dw_stride) return st != ENG_STATUS_OK ? st : eng_err(ENG_STATUS_UNSUPPORTED, "fused depthwise conv needs oneDNN");
     if (st != ENG_STATUS_OK && getenv("TENSORD_NN_DEBUG")) fprintf(stderr, "conv: oneDNN refused (%s); reference loops\n", eng_last_error());
@@ -589,6 +625,7 @@ eng_status krn_cpu_conv_exec(krn_call *c) {
     const krn_conv_params *p = c->params;
     if (p->pool && (!s || !s->sub[0]))
         return eng_err(ENG_STATUS_INTERNAL, "conv+pool kernel has no primitive (dtype %s)", eng_dtype_name(c->in[0].dtype));
+    if ((!s || !s->use_dnnl) && c->compute) return eng_err(ENG_STATUS_INTERNAL, "conv: no %s primitive", eng_dtype_name(c->compute));
     if (!s || !s->use_dnnl) return conv_exec_ref(c);
     dnnl_stream_t stream;
     ENG_TRY(krn_dnnl_stream(&stream));

@@ -24,6 +24,7 @@ extern eng_status krn_cpu_conv_init(krn_call *c);
 extern eng_status krn_cpu_conv_exec(krn_call *c);
 extern void krn_cpu_conv_free(void *s);
 extern void krn_cpu_conv_describe(const krn_call *c, krn_impl_info *info);
+extern int krn_cpu_conv_compute_ok(const krn_call *c, eng_dtype dt);
 extern eng_status krn_cpu_deconv_init(krn_call *c);
 extern eng_status krn_cpu_deconv_exec(krn_call *c);
 extern void krn_cpu_deconv_free(void *s);
@@ -42,6 +43,9 @@ typedef struct mm_state {
     dnnl_primitive_t prim;
     dnnl_memory_t msrc, mwei, mbias, mdst, mscratch;
     void *wpack;          /* packed constant weights (oneDNN layout or GEMV panels), owned */
+    /* compute bf16: A (and a B that changes between runs) converted from float32 on every exec */
+    krn_dnnl_reorder ra, rb;
+    void *ta, *tb;
     float *bias;          /* beta * C when C is constant (owned), else NULL (C read at exec) */
     int bias_arg;         /* bias memory is bound */
 } mm_state;
@@ -58,6 +62,10 @@ static void mm_free(void *p) {
     if (s->mscratch) dnnl_memory_destroy(s->mscratch);
     eng_free(s->wpack);
     eng_free(s->bias);
+    krn_dnnl_reorder_free(&s->ra);
+    krn_dnnl_reorder_free(&s->rb);
+    eng_free(s->ta);
+    eng_free(s->tb);
     free(s);
 }
 
@@ -230,12 +238,19 @@ static eng_status mm_dnnl_build(krn_call *c, mm_state *s, const mm_shapes *sh) {
     for (int i = nd - 2; i >= 0; i--) ast[i] = ast[i + 1] * ad[i + 1], bst[i] = bst[i + 1] * bd[i + 1];
     if (p->gemm && p->trans_a) ast[0] = 1, ast[1] = sh->M;
     if (p->gemm && p->trans_b) bst[0] = 1, bst[1] = sh->K;
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&amd, nd, ad, dnnl_f32, ast));
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bplain, nd, bd, dnnl_f32, bst));
-    if (bconst) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, nd, bd, dnnl_f32, dnnl_format_tag_any));
-    else bmd = bplain;
+    /* the plan's dtypes (f32; bf16 activations in a bf16 plan) and the one the primitive multiplies in */
+    dnnl_data_type_t adt = krn_dnnl_dt(c->in[0].dtype), bdt = krn_dnnl_dt(c->in[1].dtype), ydt = krn_dnnl_dt(c->out[0].dtype);
+    dnnl_data_type_t cdt = c->compute ? krn_dnnl_dt(c->compute) : dnnl_f32;
+    if (adt == dnnl_data_type_undef || bdt == dnnl_data_type_undef || ydt == dnnl_data_type_undef) return ENG_STATUS_UNSUPPORTED;
+    dnnl_memory_desc_t aplain, bop;
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&aplain, nd, ad, adt, ast));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&amd, nd, ad, cdt, ast));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bplain, nd, bd, bdt, bst));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bop, nd, bd, cdt, bst));
+    if (bconst) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, nd, bd, cdt, dnnl_format_tag_any));
+    else bmd = bop;
     dnnl_format_tag_t tags[7] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc, dnnl_abcd, dnnl_abcde, dnnl_abcdef};
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&ymd, nd, yd, dnnl_f32, tags[nd]));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&ymd, nd, yd, ydt, tags[nd]));
     const dnnl_memory_desc_t *cmdp = NULL;
     if (C) {
         for (int i = 0; i < nd; i++) cd[i] = 1;
@@ -272,7 +287,9 @@ static eng_status mm_dnnl_build(krn_call *c, mm_state *s, const mm_shapes *sh) {
         KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, s->wpack));
     } else {
         KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, DNNL_MEMORY_NONE));
+        ENG_TRY(krn_dnnl_io_reorder(&bplain, wmd, 1, &s->rb, &s->tb));
     }
+    ENG_TRY(krn_dnnl_io_reorder(&aplain, &amd, 1, &s->ra, &s->ta));
     KRN_DNNL_CHECK(dnnl_memory_create(&s->msrc, &amd, eng, DNNL_MEMORY_NONE));
     KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, &ymd, eng, DNNL_MEMORY_NONE));
     if (C) {
@@ -291,9 +308,42 @@ static eng_status mm_dnnl_build(krn_call *c, mm_state *s, const mm_shapes *sh) {
     return ENG_STATUS_OK;
 }
 
+/* The tiny-M / narrow-N case the GEMV panels serve (faster than oneDNN there). */
+static int mm_gemv_fits(const krn_call *c, const mm_shapes *sh) {
+    const krn_matmul_params *p = c->params;
+    int64_t mt = eng_tensor_numel(&c->out[0]) / (sh->N ? sh->N : 1);
+    int bconst = (c->const_mask >> 1) & 1;
+    int brank2 = p->gemm || c->in[1].ndim <= 2;
+    const eng_tensor *C = p->has_bias && c->in[2].dtype != ENG_DTYPE_UNDEFINED ? &c->in[2] : NULL;
+    int c_rowvec = !C || (C->ndim >= 1 && C->dims[C->ndim - 1] == sh->N && eng_tensor_numel(C) == sh->N);
+    if (C && C->ndim > 1 && !p->gemm) c_rowvec = c_rowvec && C->ndim <= c->out[0].ndim;
+    return bconst && brank2 && !(p->gemm && p->trans_a) && (mt <= MM_GEMV_MAX_M || (sh->N <= 32 && mt <= 4096)) &&
+           sh->K > 0 && sh->N > 0 && c_rowvec && (!C || p->beta == 1.f || ((c->const_mask >> 2) & 1)) &&
+           getenv("TENSORD_MM_NO_GEMV") == NULL;
+}
+
+/* compute_ok: bf16 on oneDNN's bf16 matmul, float32 or bf16 A / B / Y, float32 bias; not where the float32
+ * GEMV panels are faster (batch-1 heads) nor where oneDNN takes no matmul (rank > 6, alpha on a variable B). */
+static int mm_compute_ok(const krn_call *c, eng_dtype dt) {
+    const krn_matmul_params *p = c->params;
+    if (dt != ENG_DTYPE_BF16 || !p || c->nin < 2 || !krn_lowp_io(c->in[0].dtype) || !krn_lowp_io(c->in[1].dtype) ||
+        !krn_lowp_io(c->out[0].dtype) || c->out[0].ndim > 6 || c->out[0].ndim < 2)
+        return 0;
+    const eng_tensor *C = p->has_bias && c->nin > 2 && c->in[2].dtype != ENG_DTYPE_UNDEFINED ? &c->in[2] : NULL;
+    if (C && (C->dtype != ENG_DTYPE_F32 || C->ndim > c->out[0].ndim)) return 0;
+    if (!((c->const_mask >> 1) & 1) && p->alpha != 1.f) return 0;
+    if (C && !((c->const_mask >> 2) & 1) && p->beta != 1.f) return 0;
+    mm_shapes sh;
+    mm_shapes_get(c, &sh);
+    if (sh.M <= 0 || sh.N <= 0 || sh.K <= 0) return 0;
+    return !mm_gemv_fits(c, &sh);
+}
+
 static eng_status mm_init(krn_call *c) {
     const krn_matmul_params *p = c->params;
-    if (c->in[0].dtype != ENG_DTYPE_F32) return ENG_STATUS_OK; /* reference path, no state */
+    if (c->compute && !mm_compute_ok(c, c->compute))
+        return eng_err(ENG_STATUS_INTERNAL, "matmul cannot compute in %s here", eng_dtype_name(c->compute));
+    if (c->in[0].dtype != ENG_DTYPE_F32 && !c->compute) return ENG_STATUS_OK; /* reference path, no state */
     mm_state *s = calloc(1, sizeof *s);
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "matmul state");
     c->state = s;
@@ -301,14 +351,9 @@ static eng_status mm_init(krn_call *c) {
     mm_shapes sh;
     mm_shapes_get(c, &sh);
     int64_t mt = eng_tensor_numel(&c->out[0]) / (sh.N ? sh.N : 1);
-    int bconst = (c->const_mask >> 1) & 1;
-    int brank2 = p->gemm || c->in[1].ndim <= 2;
     const eng_tensor *C = p->has_bias && c->in[2].dtype != ENG_DTYPE_UNDEFINED ? &c->in[2] : NULL;
-    int c_rowvec = !C || (C->ndim >= 1 && C->dims[C->ndim - 1] == sh.N && eng_tensor_numel(C) == sh.N);
-    if (C && C->ndim > 1 && !p->gemm) c_rowvec = c_rowvec && C->ndim <= c->out[0].ndim;
     /* Tiny M or narrow N (classifier heads) with constant B: GEMV panels; oneDNN's brgemm is slow for N < 16. */
-    if (bconst && brank2 && !(p->gemm && p->trans_a) && (mt <= MM_GEMV_MAX_M || (sh.N <= 32 && mt <= 4096)) && sh.K > 0 && sh.N > 0 && c_rowvec &&
-        (!C || p->beta == 1.f || ((c->const_mask >> 2) & 1)) && getenv("TENSORD_MM_NO_GEMV") == NULL) {
+    if (!c->compute && mm_gemv_fits(c, &sh)) {
         s->M = mt, s->K = sh.K, s->N = sh.N;
         ENG_TRY(mm_gemv_pack(s, c->in[1].data, p->gemm && p->trans_b, p->alpha));
         if (C && p->beta != 1.f) {
@@ -324,6 +369,9 @@ static eng_status mm_init(krn_call *c) {
         /* oneDNN's reference matmul is never kept: OpenBLAS's sgemm is the faster fallback */
         if (st == ENG_STATUS_OK && (!krn_dnnl_is_ref(s->pd) || getenv("TENSORD_MM_KEEP_REF"))) return st;
         if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
+        if (c->compute) /* no OpenBLAS / reference path in bf16: refuse rather than run slowly */
+            return st != ENG_STATUS_OK ? eng_err_prefix(st, "oneDNN has no %s matmul for these shapes: ", eng_dtype_name(c->compute))
+                                       : eng_err(ENG_STATUS_UNSUPPORTED, "oneDNN has only a reference %s matmul for these shapes", eng_dtype_name(c->compute));
         eng_err_clear();
         mm_free(s);
         s = calloc(1, sizeof *s);
@@ -424,9 +472,18 @@ static eng_status mm_exec(krn_call *c) {
         dnnl_stream_t stream;
         ENG_TRY(krn_dnnl_stream(&stream));
         krn_dnnl_set_threads(c->nthreads);
-        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, c->in[0].data));
+        const void *a = c->in[0].data, *b = c->in[1].data;
+        if (s->ta) {
+            ENG_TRY(krn_dnnl_reorder_run(&s->ra, stream, a, s->ta));
+            a = s->ta;
+        }
+        if (s->tb) {
+            ENG_TRY(krn_dnnl_reorder_run(&s->rb, stream, b, s->tb));
+            b = s->tb;
+        }
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->msrc, (void *)a));
         KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mdst, c->out[0].data));
-        if (!((c->const_mask >> 1) & 1)) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, c->in[1].data));
+        if (!((c->const_mask >> 1) & 1)) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mwei, (void *)b));
         if (s->bias_arg && !s->bias) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, c->in[2].data));
         dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, s->msrc}, {DNNL_ARG_WEIGHTS, s->mwei}, {DNNL_ARG_DST, s->mdst}};
         int na = 3;
@@ -460,8 +517,10 @@ static void mm_describe(const krn_call *c, krn_impl_info *info) {
         char a[48], b[48];
         krn_dnnl_md_str(dnnl_primitive_desc_query_md(s->pd, dnnl_query_weights_md, 0), b, sizeof b);
         krn_dnnl_md_str(dnnl_primitive_desc_query_md(s->pd, dnnl_query_src_md, 0), a, sizeof a);
-        snprintf(info->impl, sizeof info->impl, "%s src %s wei %s", krn_dnnl_impl_name(s->pd), a, b);
+        snprintf(info->impl, sizeof info->impl, "%s src %s wei %s%s%s", krn_dnnl_impl_name(s->pd), a, b,
+                 s->ta ? " +convert(A)" : "", s->tb ? " +convert(B)" : "");
         info->slow = krn_dnnl_is_ref(s->pd);
+        info->reorders = !!s->ta + !!s->tb;
     } else {
         snprintf(info->impl, sizeof info->impl, "reference loops (%s)", eng_dtype_name(c->in[0].dtype));
         info->slow = c->in[0].dtype == ENG_DTYPE_F32 && eng_tensor_numel(&c->out[0]) > 0;
@@ -478,8 +537,8 @@ static eng_status mm_init_checked(krn_call *c) {
 }
 
 const krn_kernel krn_cpu_nn_kernels[] = {
-    {"matmul", mm_init_checked, mm_exec, mm_free, mm_describe},
-    {"conv", krn_cpu_conv_init, krn_cpu_conv_exec, krn_cpu_conv_free, krn_cpu_conv_describe},
+    {"matmul", mm_init_checked, mm_exec, mm_free, mm_describe, mm_compute_ok},
+    {"conv", krn_cpu_conv_init, krn_cpu_conv_exec, krn_cpu_conv_free, krn_cpu_conv_describe, krn_cpu_conv_compute_ok},
     {"conv_transpose", krn_cpu_deconv_init, krn_cpu_deconv_exec, krn_cpu_deconv_free, krn_cpu_deconv_describe},
     {"pool", krn_cpu_pool_init, krn_cpu_pool_exec, krn_cpu_pool_free, krn_cpu_pool_describe},
     {NULL},

@@ -1,0 +1,169 @@
+/* plan-precision.c - precision as a plan property: the pass that runs a plan at bf16 / fp16, and the checks that
+ * refuse a precision the backend cannot run fast.
+ *
+ * bf16 / fp16 (after shape inference and folding, before memory planning):
+ *  1. every step whose kernel computes in that dtype (krn_backend_find_dtype) and says it can run this call
+ *     fast (krn_kernel.compute_ok: convolutions and matmuls with oneDNN's bf16 kernels) computes in it, with
+ *     fp32 accumulation; its weights are converted once, when the kernel initialises (plan-owned buffers);
+ *  2. an activation written by such a step and read only by such steps is stored in the reduced dtype, so a
+ *     chain of convolutions (a ResNet's blocks) passes bf16 from one to the next with no conversion;
+ *  3. everything else stays fp32: softmax, normalisation statistics, losses, eltwise ops, and the graph
+ *     outputs, which are returned in the signature's dtype. A reduced-precision step that reads an fp32
+ *     activation converts it inside its kernel (a counted reorder, shown by TENSORD_PROFILE=1).
+ * int8: the quantized nodes of a QDQ / QOperator model (fused into int8 kernels at load time) compute in int8;
+ * float nodes stay fp32, as in onnxruntime. A model with nothing quantized is refused, naming `tensord quantize`.
+ * Plans whose shapes are known only at run time compute in fp32 and say so once on stderr.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan-impl.h"
+
+const char *eng_precision_name(eng_precision p) {
+    switch (p) {
+    case ENG_PRECISION_FP32: return "fp32";
+    case ENG_PRECISION_FP16: return "fp16";
+    case ENG_PRECISION_BF16: return "bf16";
+    case ENG_PRECISION_INT8: return "int8";
+    }
+    return "unknown";
+}
+
+eng_status eng_precision_parse(const char *s, eng_precision *out) {
+    static const eng_precision all[] = {ENG_PRECISION_FP32, ENG_PRECISION_FP16, ENG_PRECISION_BF16, ENG_PRECISION_INT8};
+    for (size_t i = 0; s && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(s, eng_precision_name(all[i])) == 0) {
+            *out = all[i];
+            return ENG_STATUS_OK;
+        }
+    return eng_err(ENG_STATUS_INVALID_ARGUMENT, "unknown precision '%.40s' (fp32, bf16, fp16 or int8)", s ? s : "");
+}
+
+static eng_dtype precision_dtype(eng_precision p) {
+    switch (p) {
+    case ENG_PRECISION_FP16: return ENG_DTYPE_F16;
+    case ENG_PRECISION_BF16: return ENG_DTYPE_BF16;
+    case ENG_PRECISION_INT8: return ENG_DTYPE_I8;
+    default: return ENG_DTYPE_F32;
+    }
+}
+
+/* A node that computes on quantized integers (after the load-time QDQ fusion, or as written). */
+static int node_is_quantized(const eng_node *n) {
+    static const char *ops[] = {"QuantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+                                "ConvInteger", "MatMulInteger", "QLinearAdd", "QLinearMul"};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strcmp(n->op_type, ops[i]) == 0) return 1;
+    return 0;
+}
+
+eng_status eng_plan_precision_check(const eng_graph *g, const krn_backend *b, eng_precision prec) {
+    if (!b) b = krn_backend_cpu();
+    if (prec == ENG_PRECISION_FP32) return ENG_STATUS_OK;
+    if ((int)prec < 0 || prec > ENG_PRECISION_INT8)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "precision %d is not one of fp32, bf16, fp16, int8", (int)prec);
+    eng_dtype dt = precision_dtype(prec);
+    if (!b->precision_check)
+        return eng_err(ENG_STATUS_UNSUPPORTED, "precision %s: backend '%s' has no %s kernels", eng_precision_name(prec),
+                       b->name, eng_precision_name(prec));
+    eng_status st = b->precision_check(dt);
+    if (st != ENG_STATUS_OK) return eng_err_prefix(st, "precision %s on backend '%s': ", eng_precision_name(prec), b->name);
+    if (prec == ENG_PRECISION_INT8) {
+        for (int i = 0; i < g->nnodes; i++)
+            if (node_is_quantized(&g->nodes[i])) return ENG_STATUS_OK;
+        return eng_err(ENG_STATUS_UNSUPPORTED, "precision int8: the model has no quantized ops (QuantizeLinear/"
+                       "DequantizeLinear around weights, QLinearConv, QLinearMatMul, MatMulInteger, ConvInteger); make an "
+                       "int8 version with `tensord quantize` (calibrated), or serve this one at fp32 or bf16");
+    }
+    return ENG_STATUS_OK;
+}
+
+/* The call step si would make, shapes and dtypes as the plan has them now, no data. */
+static void step_call(const eng_plan *p, const plan_step *s, eng_tensor *in, eng_tensor *out, krn_call *c) {
+    const eng_node *n = &p->g->nodes[s->node];
+    for (int i = 0; i < n->nin; i++) {
+        int v = n->inputs[i];
+        if (v < 0 || p->kind[v] == VAL_NONE) memset(&in[i], 0, sizeof in[i]);
+        else in[i] = p->vals[v];
+    }
+    for (int i = 0; i < n->nout; i++) {
+        if (n->outputs[i] >= 0) out[i] = p->vals[n->outputs[i]];
+        else memset(&out[i], 0, sizeof out[i]);
+    }
+    *c = (krn_call){.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
+                    .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute};
+}
+
+static int step_ok(const eng_plan *p, const plan_step *s, eng_dtype dt) {
+    eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];
+    krn_call c;
+    step_call(p, s, in, out, &c);
+    return s->kernel->compute_ok(&c, dt);
+}
+
+static int value_is_graph_output(const eng_graph *g, int v) {
+    for (int i = 0; i < g->noutputs; i++)
+        if (g->outputs[i] == v) return 1;
+    return 0;
+}
+
+/* Store value v (written by a reduced-precision step) in dt if every step that reads it computes in dt and
+ * still can with v in dt; *readers_out gets the steps that read it. */
+static int demote_value(eng_plan *p, int v, int producer, eng_dtype dt) {
+    const eng_graph *g = p->g;
+    if (p->kind[v] != VAL_ARENA || p->root[v] != v || p->vals[v].dtype != ENG_DTYPE_F32 || value_is_graph_output(g, v))
+        return 0;
+    int nread = 0;
+    for (int si = 0; si < p->nsteps; si++) {
+        const plan_step *s = &p->steps[si];
+        const eng_node *n = &g->nodes[s->node];
+        for (int i = 0; i < n->nin; i++)
+            if (n->inputs[i] == v) {
+                if (s->compute != dt || !s->kernel) return 0; /* an fp32 reader, or an alias (Reshape...) */
+                nread++;
+                break;
+            }
+    }
+    if (!nread) return 0;
+    p->vals[v].dtype = dt;
+    int ok = step_ok(p, &p->steps[producer], dt);
+    for (int si = 0; ok && si < p->nsteps; si++) {
+        const eng_node *n = &g->nodes[p->steps[si].node];
+        for (int i = 0; i < n->nin; i++)
+            if (n->inputs[i] == v) {
+                ok = step_ok(p, &p->steps[si], dt);
+                break;
+            }
+    }
+    if (!ok) p->vals[v].dtype = ENG_DTYPE_F32;
+    return ok;
+}
+
+eng_status plan_precision(eng_plan *p) {
+    eng_precision prec = p->opts.precision;
+    if (prec != ENG_PRECISION_BF16 && prec != ENG_PRECISION_FP16) return ENG_STATUS_OK;
+    eng_dtype dt = precision_dtype(prec);
+    const krn_backend *b = p->opts.backend ? p->opts.backend : krn_backend_cpu();
+    if (p->dynamic) {
+        static int said;
+        if (!said++)
+            fprintf(stderr, "tensord: a plan whose shapes are known only at run time computes in fp32 (%s needs shapes "
+                            "fixed at plan time)\n", eng_precision_name(prec));
+        return ENG_STATUS_OK;
+    }
+    for (int si = 0; si < p->nsteps; si++) {
+        plan_step *s = &p->steps[si];
+        if (!s->kernel || !s->def->kernel) continue;
+        const krn_kernel *k = krn_backend_find_dtype(b, s->def->kernel, dt);
+        if (!k || k != s->kernel) continue;
+        if (step_ok(p, s, dt)) s->compute = dt, p->lowp_steps++;
+    }
+    for (int si = 0; si < p->nsteps; si++) {
+        const plan_step *s = &p->steps[si];
+        if (s->compute != dt) continue;
+        const eng_node *n = &p->g->nodes[s->node];
+        if (n->nout > 0 && n->outputs[0] >= 0 && demote_value(p, n->outputs[0], si, dt)) p->lowp_values++;
+    }
+    return ENG_STATUS_OK;
+}
