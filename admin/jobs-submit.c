@@ -12,6 +12,7 @@
 
 #include "engine/bundle.h"
 #include "engine/ir/tensor.h"
+#include "kernels/kernel.h"
 
 static const char *const job_keys[] = {
     "model", "base_version", "dataset", "val_dataset", "val_split", "epochs", "batch_size", "optimizer",
@@ -283,13 +284,15 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
         }
     }
     if ((f = cJSON_GetObjectItemCaseSensitive(b, "precision"))) {
-        if (!cJSON_IsString(f)) return srv_err(err, SRV_INVALID_ARGUMENT, "\"precision\" must be \"fp32\"");
-        if (!strcmp(f->valuestring, "mixed_bf16") || !strcmp(f->valuestring, "mixed_fp16"))
-            return srv_err(err, SRV_INVALID_ARGUMENT, "precision '%s' is not implemented yet (mixed-precision training is "
-                           "planned): use \"fp32\"", f->valuestring);
-        if (strcmp(f->valuestring, "fp32") != 0)
+        if (!cJSON_IsString(f))
+            return srv_err(err, SRV_INVALID_ARGUMENT, "\"precision\" must be \"fp32\", \"mixed_bf16\" or \"mixed_fp16\"");
+        int bf = !strcmp(f->valuestring, "mixed_bf16"), hf = !strcmp(f->valuestring, "mixed_fp16");
+        if (!bf && !hf && strcmp(f->valuestring, "fp32") != 0)
             return srv_err(err, SRV_INVALID_ARGUMENT, "precision '%.40s' is unknown: fp32, mixed_bf16 or mixed_fp16",
                            f->valuestring);
+        /* refused now, not by the worker later, where this machine cannot run it fast */
+        if ((bf || hf) && krn_backend_cpu()->precision_check(bf ? ENG_DTYPE_BF16 : ENG_DTYPE_F16) != ENG_STATUS_OK)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "precision '%s': %s", f->valuestring, eng_last_error());
     }
 model_and_data:;
     double vsplit = 0;
@@ -372,7 +375,8 @@ char *job_worker_file(adm_jobs *j, const adm_job_rec *r, int resume, srv_error *
                                            "nesterov", "weight_decay", "clipnorm", "schedule", "loss", "from_logits",
                                            "freeze", "early_stopping", "threads", "seed", "max_steps", NULL};
         for (int i = 0; pass[i]; i++) copy_item(w, spec, pass[i]);
-        cJSON_AddStringToObject(w, "precision", "fp32");
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(spec, "precision");
+        cJSON_AddStringToObject(w, "precision", cJSON_IsString(pr) ? pr->valuestring : "fp32");
         cJSON *dev = cJSON_AddArrayToObject(w, "devices");
         cJSON_AddItemToArray(dev, cJSON_CreateString("cpu"));
         cJSON_AddBoolToObject(w, "resume", resume);

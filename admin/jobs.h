@@ -14,7 +14,8 @@
  *                                       "on_complete"?}: `tensord quantize` as the worker, writing the int8 QDQ version.
  *                                       -> 201 the job (QUEUED). Checked up front: unknown keys, types and ranges, the
  *                                       model and its base version (AVAILABLE), the datasets, their columns against
- *                                       the model's inputs, devices (cpu only in this build), precision (fp32 only).
+ *                                       the model's inputs, devices (cpu only in this build), precision (fp32, or mixed_bf16 where the CPU has AVX512_BF16; mixed_fp16 is refused on
+ *                                       the CPU).
  *   GET  /v1/admin/jobs                 {"jobs": [job...]}, newest first
  *   GET  /v1/admin/jobs/{id}            one job: state, epoch, step, loss, metrics, examples/s, ETA, the version it
  *                                       wrote, its metrics.json and TensorBoard directory, the rollout, the reason

@@ -7,22 +7,19 @@
  * With --expect FILE (one test name per line, '#' comments), exit 1 if a listed test does not pass.
  * Without it, exit 1 if any test failed. --isolate runs each test in a child process: a crash is then a
  * CRASH line (and exit 1) instead of the end of the run. Ends with the line "N passed, M failed, K skipped".
+ * Test cases are read by engine/ir/onnx-testdata.c, the loader tests/test_ops.c shares.
  */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "../engine/ir/graph.h"
-#include "../engine/ir/onnx.h"
+#include "../engine/ir/onnx-testdata.h"
 #include "../engine/plan/session.h"
 #include "cli.h"
-
-#define ENG_OP_MAX_FEED 64
 
 enum { RES_PASS, RES_FAIL, RES_SKIP, RES_CRASH };
 
@@ -32,41 +29,6 @@ typedef struct conf_opts {
     int isolate;
     int nthreads;
 } conf_opts;
-
-static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* Sorted subdirectory names of dir whose name starts with prefix (or all if prefix NULL). */
-static char **list_dirs(const char *dir, const char *prefix, int *n) {
-    *n = 0;
-    DIR *d = opendir(dir);
-    if (!d) return NULL;
-    char **v = NULL;
-    int cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        if (prefix && strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
-        char p[4096];
-        struct stat sb;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 64;
-            char **nv = realloc(v, (size_t)cap * sizeof *v);
-            if (!nv) break;
-            v = nv;
-        }
-        v[(*n)++] = strdup(e->d_name);
-    }
-    closedir(d);
-    if (v) qsort(v, (size_t)*n, sizeof *v, name_cmp);
-    return v;
-}
-
-static void free_list(char **v, int n) {
-    for (int i = 0; i < n; i++) free(v[i]);
-    free(v);
-}
 
 /* Compare got vs want; on mismatch write a reason. */
 static int compare(const eng_tensor *got, const eng_tensor *want, char *why, size_t n) {
@@ -113,61 +75,34 @@ static int run_test(const char *dir, const char *name, const conf_opts *o, char 
         return classify(st);
     }
     const eng_graph *g = eng_session_graph(s);
-    /* positional feeding over inputs that are not initializers, as ONNX's backend runner does */
-    int nfeed = 0;
-    const char **names = calloc((size_t)g->ninputs + 1, sizeof *names);
-    for (int i = 0; i < g->ninputs; i++)
-        if (!g->values[g->inputs[i]].init) names[nfeed++] = g->values[g->inputs[i]].name;
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int nsets = 0;
-    char **sets = list_dirs(path, "test_data_set_", &nsets);
+    char **sets = eng_testdata_dirs(path, "test_data_set_", &nsets);
     int res = nsets ? RES_PASS : RES_SKIP;
     if (!nsets) snprintf(why, wn, "no test_data_set_* directories");
     eng_tensor *outs = calloc((size_t)g->noutputs + 1, sizeof *outs);
-    eng_tensor *ins[ENG_OP_MAX_FEED];
     for (int si = 0; si < nsets && res == RES_PASS; si++) {
-        int nin = 0;
-        eng_tensor feed[ENG_OP_MAX_FEED];
-        for (;; nin++) {
-            struct stat sb;
-            snprintf(path, sizeof path, "%s/%s/%s/input_%d.pb", dir, name, sets[si], nin);
-            if (stat(path, &sb) != 0 || nin >= ENG_OP_MAX_FEED) break;
-            st = eng_onnx_tensor_load_file(path, &ins[nin], NULL);
-            if (st != ENG_STATUS_OK) {
-                snprintf(why, wn, "%s/input_%d.pb: %s", sets[si], nin, eng_last_error());
-                res = classify(st);
-                break;
-            }
-            feed[nin] = *ins[nin];
-        }
-        /* Older ONNX test data stores bfloat16 tensors as uint16 bit patterns. */
-        for (int k = 0, fi = 0; k < g->ninputs && res == RES_PASS; k++) {
-            const eng_value *gv = &g->values[g->inputs[k]];
-            if (gv->init) continue;
-            if (fi < nin && gv->dtype == ENG_DTYPE_BF16 && feed[fi].dtype == ENG_DTYPE_U16) feed[fi].dtype = ENG_DTYPE_BF16;
-            fi++;
-        }
-        if (res == RES_PASS && nin != nfeed) {
-            snprintf(why, wn, "%s has %d inputs, the model takes %d", sets[si], nin, nfeed);
-            res = RES_SKIP; /* optional inputs/sequences the runner cannot map */
+        eng_testdata_set d;
+        st = eng_testdata_set_load(path, sets[si], g, &d);
+        if (st != ENG_STATUS_OK) {
+            snprintf(why, wn, "%s", eng_last_error());
+            res = classify(st); /* an input count the positional feed cannot map is UNSUPPORTED: a skip */
         }
         if (res == RES_PASS) {
-            st = eng_session_run(s, nin, names, feed, outs);
+            st = eng_session_run(s, d.nfeed, d.names, d.feed, outs);
             if (st != ENG_STATUS_OK) {
                 snprintf(why, wn, "run: %s", eng_last_error());
                 res = classify(st);
             }
         }
         for (int k = 0; res == RES_PASS && k < g->noutputs; k++) {
-            snprintf(path, sizeof path, "%s/%s/%s/output_%d.pb", dir, name, sets[si], k);
             eng_tensor *want = NULL;
-            st = eng_onnx_tensor_load_file(path, &want, NULL);
+            st = eng_testdata_output_load(path, sets[si], k, outs[k].dtype, &want);
             if (st != ENG_STATUS_OK) {
-                snprintf(why, wn, "%s/output_%d.pb: %s", sets[si], k, eng_last_error());
+                snprintf(why, wn, "%s", eng_last_error());
                 res = classify(st);
                 break;
             }
-            if (want->dtype == ENG_DTYPE_U16 && outs[k].dtype == ENG_DTYPE_BF16) want->dtype = ENG_DTYPE_BF16;
             char r[400];
             if (!compare(&outs[k], want, r, sizeof r)) {
                 snprintf(why, wn, "%s output %d ('%s'): %s", sets[si], k, g->values[g->outputs[k]].name, r);
@@ -175,11 +110,10 @@ static int run_test(const char *dir, const char *name, const conf_opts *o, char 
             }
             eng_tensor_destroy(&want);
         }
-        for (int k = 0; k < nin; k++) eng_tensor_destroy(&ins[k]);
+        eng_testdata_set_free(&d);
     }
     free(outs);
-    free(names);
-    free_list(sets, nsets);
+    eng_testdata_names_free(sets, nsets);
     eng_session_free(&s);
     return res;
 }
@@ -216,33 +150,6 @@ static int run_test_isolated(const char *dir, const char *name, const conf_opts 
     return RES_CRASH;
 }
 
-static char **read_list(const char *file, int *n) {
-    *n = 0;
-    FILE *f = fopen(file, "r");
-    if (!f) return NULL;
-    char line[1024];
-    char **v = NULL;
-    int cap = 0;
-    while (fgets(line, sizeof line, f)) {
-        char *c = strchr(line, '#');
-        if (c) *c = 0;
-        char *s = line, *e;
-        while (*s == ' ' || *s == '\t') s++;
-        e = s + strlen(s);
-        while (e > s && (e[-1] == '\n' || e[-1] == '\r' || e[-1] == ' ' || e[-1] == '\t')) *--e = 0;
-        if (!*s) continue;
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 256;
-            char **nv = realloc(v, (size_t)cap * sizeof *v);
-            if (!nv) break;
-            v = nv;
-        }
-        v[(*n)++] = strdup(s);
-    }
-    fclose(f);
-    return v;
-}
-
 int srv_cmd_conformance(int argc, char **argv) {
     conf_opts o = {0};
     const char *dir = NULL, *expect = NULL, *write_passes = NULL;
@@ -264,19 +171,19 @@ int srv_cmd_conformance(int argc, char **argv) {
         return 2;
     }
     int ntests = 0;
-    char **tests = list_dirs(dir, NULL, &ntests);
+    char **tests = eng_testdata_dirs(dir, NULL, &ntests);
     if (!tests || ntests == 0) {
         fprintf(stderr, "error: no tests under '%s'\n", dir);
-        free_list(tests, ntests);
+        eng_testdata_names_free(tests, ntests);
         return 1;
     }
     int nexp = 0;
     char **exp = NULL;
     if (expect) {
-        exp = read_list(expect, &nexp);
+        exp = eng_testdata_names_read(expect, &nexp);
         if (!exp) {
             fprintf(stderr, "error: cannot read expected-pass list '%s'\n", expect);
-            free_list(tests, ntests);
+            eng_testdata_names_free(tests, ntests);
             return 2;
         }
     }
@@ -327,8 +234,8 @@ int srv_cmd_conformance(int argc, char **argv) {
     if (wp) fclose(wp);
     printf("%d passed, %d failed, %d skipped\n", npass, nfail, nskip);
     free(res);
-    free_list(tests, ntests);
-    free_list(exp, nexp);
+    eng_testdata_names_free(tests, ntests);
+    eng_testdata_names_free(exp, nexp);
     if (ncrash) printf("%d tests crashed\n", ncrash);
     if (expect) return (regress || ncrash) ? 1 : 0;
     return nfail ? 1 : 0;

@@ -55,7 +55,7 @@ static void train_usage(FILE *f) {
             "         --loss sparse_categorical_crossentropy|categorical_crossentropy|binary_crossentropy|mse|cosine_similarity\n"
             "         [--from-logits true|false] [--val-split 0.1] [--freeze PREFIX]... [--threads T] [--replicas R]\n"
             "         [--resume] [--checkpoint-every K] [--seed S] [--early-stopping-patience P]\n"
-            "         [--monitor val_loss|val_accuracy|loss|accuracy] [--keep-best] [--max-steps N] [--precision fp32]\n"
+            "         [--monitor val_loss|val_accuracy|loss|accuracy] [--keep-best] [--max-steps N] [--precision fp32|mixed_bf16|mixed_fp16]\n"
             "         [--devices cpu] [--no-progress]\n"
             "       tensord train --job FILE   (JSON job file; JSON lines on stdout: start, step, epoch, done|cancelled|error)\n");
 }
@@ -318,10 +318,11 @@ static int train_set(train_args *a, const train_opt *t, const char *name, const 
         return 0;
     case T_MAX_STEPS: o->max_steps = i; return 0;
     case T_PRECISION:
-        if (strcmp(v, "fp32") == 0) return 0;
-        if (strcmp(v, "mixed_bf16") == 0 || strcmp(v, "mixed_fp16") == 0)
-            return set_err(err, n, "%s: mixed precision ('%s') is not implemented yet; use \"fp32\"", name, v);
-        return set_err(err, n, "%s: unknown precision '%s' (fp32)", name, v);
+        if (strcmp(v, "fp32") == 0) o->precision = ENG_PRECISION_FP32;
+        else if (strcmp(v, "mixed_bf16") == 0) o->precision = ENG_PRECISION_BF16;
+        else if (strcmp(v, "mixed_fp16") == 0) o->precision = ENG_PRECISION_FP16;
+        else return set_err(err, n, "%s: unknown precision '%s' (fp32, mixed_bf16, mixed_fp16)", name, v);
+        return 0;
     case T_DEVICES: return add_device(a, v, name, err, n);
     case T_NO_PROGRESS:
         if (parse_bool(name, v, 0, &b, err, n)) return -1;

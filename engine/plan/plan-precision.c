@@ -140,6 +140,12 @@ static int demote_value(eng_plan *p, int v, int producer, eng_dtype dt) {
     return ok;
 }
 
+static int node_kept_fp32(const eng_plan *p, const eng_node *n) {
+    for (int i = 0; i < p->opts.nfp32_nodes; i++)
+        if (n->name && strcmp(n->name, p->opts.fp32_nodes[i]) == 0) return 1;
+    return 0;
+}
+
 eng_status plan_precision(eng_plan *p) {
     eng_precision prec = p->opts.precision;
     if (prec != ENG_PRECISION_BF16 && prec != ENG_PRECISION_FP16) return ENG_STATUS_OK;
@@ -154,7 +160,7 @@ eng_status plan_precision(eng_plan *p) {
     }
     for (int si = 0; si < p->nsteps; si++) {
         plan_step *s = &p->steps[si];
-        if (!s->kernel || !s->def->kernel) continue;
+        if (!s->kernel || !s->def->kernel || node_kept_fp32(p, &p->g->nodes[s->node])) continue;
         const krn_kernel *k = krn_backend_find_dtype(b, s->def->kernel, dt);
         if (!k || k != s->kernel) continue;
         if (step_ok(p, s, dt)) s->compute = dt, p->lowp_steps++;

@@ -54,6 +54,9 @@ typedef struct eng_plan_opts {
     int no_split;               /* 1: never run as parallel sub-batches (see below) */
     int split_rows;             /* > 0: rows per sub-batch when the plan can split (tests); 0: chosen by cache size */
     eng_plan_cache *subplans;   /* NULL: a batch-parallel plan owns its sub-plans */
+    const char *const *fp32_nodes; /* reduced-precision plans: nodes (by name) kept fp32, e.g. a model's output
+                                    * layer in mixed-precision training; must outlive the plan */
+    int nfp32_nodes;
 } eng_plan_opts;
 
 typedef struct eng_plan eng_plan;

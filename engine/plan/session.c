@@ -140,7 +140,7 @@ static eng_status find_plan(eng_session *s, eng_precision prec, eng_plan **out) 
             return ENG_STATUS_OK;
         }
     eng_plan_opts po = {.nthreads = s->opts.nthreads, .precision = prec, .backend = s->opts.backend,
-                        .subplans = s->subplans};
+                        .subplans = s->subplans, .fp32_nodes = s->opts.fp32_nodes, .nfp32_nodes = s->opts.nfp32_nodes};
     eng_plan *p = NULL;
     ENG_TRY(eng_plan_new(g, &po, s->feed, &p));
     eng_tensor *shapes = calloc((size_t)g->ninputs + 1, sizeof *shapes);

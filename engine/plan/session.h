@@ -18,6 +18,8 @@ typedef struct eng_session_opts {
     eng_precision precision;    /* of eng_session_run; refused at load when the backend cannot run it fast */
     const krn_backend *backend; /* NULL: CPU */
     int no_fuse;         /* 1: skip fusion rewrites */
+    const char *const *fp32_nodes; /* reduced precision: nodes kept fp32 (eng_plan_opts); must outlive the session */
+    int nfp32_nodes;
     int max_plans;       /* <= 0: 16 */
 } eng_session_opts;
 

@@ -94,6 +94,14 @@ void trn_ckpt_prune(const char *dir, int keep);
 
 typedef struct trn_replica trn_replica;
 
+/* train-precision.c: the output layer's nodes, kept fp32 in mixed-precision training (names owned). */
+typedef struct trn_fp32_nodes {
+    char **names;
+    int n;
+} trn_fp32_nodes;
+eng_status trn_output_layer_nodes(const eng_graph *g, const char *pred, trn_fp32_nodes *out);
+void trn_fp32_nodes_free(trn_fp32_nodes *f);
+
 typedef struct trn_ctx {
     const eng_train_opts *o;
     char base[4096];
@@ -118,6 +126,7 @@ typedef struct trn_ctx {
     trn_replica *reps;
     eng_comm *comm;
     eng_session *eval;
+    trn_fp32_nodes fp32_train, fp32_eval; /* mixed precision: output-layer nodes of the two graphs */
     int eval_loss_out, eval_acc_out;
     eng_optim *optim;
     /* bookkeeping */

@@ -97,7 +97,12 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
     int hw = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (hw < 1) hw = 1;
     eng_session_opts so = {.nthreads = c->o->nthreads > 0 ? c->o->nthreads : (hw / c->R > 0 ? hw / c->R : 1),
-                           .no_fuse = 1};
+                           .no_fuse = 1, .precision = c->o->precision};
+    if (c->o->precision != ENG_PRECISION_FP32) {
+        ENG_TRY(trn_output_layer_nodes(gt, c->pred, &c->fp32_train));
+        so.fp32_nodes = (const char *const *)c->fp32_train.names;
+        so.nfp32_nodes = c->fp32_train.n;
+    }
     for (int r = 0; r < c->R; r++) {
         trn_replica *rp = &c->reps[r];
         rp->c = c;

@@ -300,8 +300,14 @@ static eng_status build(trn_ctx *c) {
         if (st == ENG_STATUS_OK) st = ensure_output(ge, "metric/accuracy", &c->eval_acc_out);
         for (int i = 0; st == ENG_STATUS_OK && i < c->nparams; i++) st = ensure_input(ge, c->params[i].name);
         if (st == ENG_STATUS_OK) {
-            eng_session_opts so = {.nthreads = o->nthreads, .no_fuse = 1};
-            st = eng_session_new_graph(ge, &so, &c->eval);
+            eng_session_opts so = {.nthreads = o->nthreads, .no_fuse = 1, .precision = o->precision};
+            if (o->precision != ENG_PRECISION_FP32) {
+                st = trn_output_layer_nodes(ge, c->pred, &c->fp32_eval);
+                so.fp32_nodes = (const char *const *)c->fp32_eval.names;
+                so.nfp32_nodes = c->fp32_eval.n;
+            }
+            if (st == ENG_STATUS_OK) st = eng_session_new_graph(ge, &so, &c->eval);
+            else eng_graph_free(&ge);
         } else {
             eng_graph_free(&ge);
         }
@@ -593,6 +599,8 @@ static eng_status loop(trn_ctx *c) {
 static void ctx_free(trn_ctx *c) {
     trn_replicas_free(c);
     eng_session_free(&c->eval);
+    trn_fp32_nodes_free(&c->fp32_train);
+    trn_fp32_nodes_free(&c->fp32_eval);
     eng_comm_free(&c->comm);
     eng_loader_free(&c->loader);
     eng_optim_free(&c->optim);

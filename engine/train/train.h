@@ -39,6 +39,7 @@
 
 #include "loss.h"
 #include "optim.h"
+#include "../plan/plan.h"
 
 typedef enum eng_train_progress_kind {
     ENG_TRAIN_PROGRESS_STEP = 0,  /* after an optimizer step (after its checkpoint, if one was due) */
@@ -82,6 +83,10 @@ typedef struct eng_train_opts {
     int nfreeze;
     int nthreads;                  /* threads per replica's kernels; <= 0 all cores / replicas */
     int replicas;                  /* data-parallel replicas, >= 1 */
+    eng_precision precision;       /* fp32; bf16 = mixed_bf16 (Keras' mixed_bfloat16 policy): convs and matmuls,
+                                    * forward and backward, multiply in bf16 (fp32 accumulation) on fp32 master
+                                    * weights and optimizer state; the output layer and the loss stay fp32.
+                                    * fp16 (mixed_fp16) is refused where the backend has no fast fp16 */
     int resume;
     int64_t checkpoint_every;      /* steps; 0: only at epoch ends */
     uint64_t seed;

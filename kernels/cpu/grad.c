@@ -16,7 +16,6 @@
 
 eng_status krn_cpu_grad_conv_exec(krn_call *c);
 eng_status krn_cpu_grad_pool_exec(krn_call *c);
-eng_status krn_cpu_grad_matmul_exec(krn_call *c);
 eng_status krn_cpu_grad_batchnorm_exec(krn_call *c);
 eng_status krn_cpu_grad_layernorm_exec(krn_call *c);
 
@@ -376,7 +375,6 @@ const krn_kernel krn_cpu_grad_kernels[] = {
     {"grad_loss", NULL, loss_exec, NULL},
     {"grad_conv", NULL, krn_cpu_grad_conv_exec, NULL},
     {"grad_pool", NULL, krn_cpu_grad_pool_exec, NULL},
-    {"grad_matmul", NULL, krn_cpu_grad_matmul_exec, NULL},
     {"grad_batchnorm", NULL, krn_cpu_grad_batchnorm_exec, NULL},
     {"grad_layernorm", NULL, krn_cpu_grad_layernorm_exec, NULL},
     {NULL},
