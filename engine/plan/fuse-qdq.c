@@ -24,7 +24,10 @@
  *      => ConvInteger/MatMulInteger(x_q, w_q, x_zp, w_zp) -> Cast(float) -> Mul(x_s * w_s) [-> Add(bias)],
  *      writing the original float output value. The int32 accumulation is exact, so the result is the float
  *      graph's up to float32 rounding (the float path rounds more: it sums float products).
- * Gemm is left alone (its alpha/beta/trans forms are not rewritten), and so is everything else.
+ * Gemm (a dense layer: alpha = beta = 1, transA = 0, B = DQ of a 2-D constant, per channel along its output
+ * axis: 1, or 0 when transB = 1) is a MatMul candidate with Conv's bias rules: transB's weights are transposed
+ * once into a new [K, N] initializer; with a bias it takes form 2 (QLinearMatMul has no bias input).
+ * Everything else is left alone.
  *
  * Invariants: graph inputs, outputs and node names are kept (new nodes are named after the node they replace,
  * with a suffix); the values that consumers read keep their index; a DequantizeLinear is removed only when no
@@ -110,7 +113,7 @@ static int qz_only_candidates(const qz_ctx *c, int v) {
         const eng_node *n = &g->nodes[i];
         for (int k = 0; k < n->nin; k++) {
             if (n->inputs[k] != v) continue;
-            if (!(fz_is_op(n, "Conv") || fz_is_op(n, "MatMul")) || k > 1) return 0;
+            if (!(fz_is_op(n, "Conv") || fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm")) || k > 1) return 0;
             direct++;
         }
     }
@@ -216,19 +219,44 @@ static float qz_bias_scale(const eng_tensor *s, int64_t M, int64_t m) {
     return ((const float *)s->data)[eng_tensor_numel(s) == M ? m : 0];
 }
 
-/* One candidate: Conv (conv=1) or MatMul at node i. */
-static eng_status qz_candidate(qz_ctx *c, int i, int conv) {
+/* A Gemm that is a dense layer y = A B (+ C): alpha = beta = 1, transA = 0; *trans_b gets transB. */
+static int qz_gemm_plain(const eng_node *n, int *trans_b) {
+    *trans_b = (int)eng_node_attr_int(n, "transB", 0);
+    return eng_node_attr_int(n, "transA", 0) == 0 && eng_node_attr_float(n, "alpha", 1.f) == 1.f &&
+           eng_node_attr_float(n, "beta", 1.f) == 1.f;
+}
+
+/* w_q [N, K] (transB) as a new [K, N] initializer value; -1 when out of memory. */
+static int qz_transposed_weights(qz_ctx *c, const char *base, const eng_tensor *wq) {
+    int64_t N = wq->dims[0], K = wq->dims[1], d[2] = {K, N};
+    eng_tensor *t = qz_tensor(wq->dtype, 2, d);
+    if (!t) return -1;
+    size_t es = eng_dtype_size(wq->dtype);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++)
+            memcpy((char *)t->data + (size_t)(k * N + n) * es, (const char *)wq->data + (size_t)(n * K + k) * es, es);
+    return qz_add_value(c, base, "_qdq_wT", wq->dtype, t);
+}
+
+enum { QZ_MATMUL = 0, QZ_CONV = 1, QZ_GEMM = 2 };
+
+/* One candidate at node i: a Conv, MatMul or Gemm (kind). */
+static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
     eng_graph *g = c->z.g;
     const eng_node *n = &g->nodes[i];
+    const int conv = kind == QZ_CONV;
+    int trans_b = 0;
     if (!fz_one_output(n) || n->nin < 2) return ENG_STATUS_OK;
+    if (kind == QZ_GEMM && !qz_gemm_plain(n, &trans_b)) return ENG_STATUS_OK;
     qz_dq x, w;
     if (!qz_match_dq(c, n->inputs[0], 0, 0, 0, &x) || x.per != 1 || !qz_int8(x.dt)) return ENG_STATUS_OK;
-    if (!qz_match_dq(c, n->inputs[1], 1, conv ? 0 : 1, 0, &w) || !qz_int8(w.dt)) return ENG_STATUS_OK;
+    if (!qz_match_dq(c, n->inputs[1], 1, conv || trans_b ? 0 : 1, 0, &w) || !qz_int8(w.dt)) return ENG_STATUS_OK;
     if (conv ? w.qt->ndim < 3 : w.qt->ndim != 2) return ENG_STATUS_OK;
     if (!qz_only_candidates(c, n->inputs[0]) || !qz_only_candidates(c, n->inputs[1])) return ENG_STATUS_OK;
-    int64_t M = w.qt->dims[conv ? 0 : 1], K = eng_tensor_numel(w.qt) / (M ? M : 1);
+    const int mfirst = conv || trans_b; /* weights stored output-channel first: [M, K...] */
+    int64_t M = w.qt->dims[mfirst ? 0 : 1], K = eng_tensor_numel(w.qt) / (M ? M : 1);
     if (M <= 0 || (w.per != 1 && w.per != M)) return ENG_STATUS_OK;
-    int bin = conv && n->nin > 2 ? n->inputs[2] : -1, bdq = -1;
+    int bin = (conv || kind == QZ_GEMM) && n->nin > 2 ? n->inputs[2] : -1, bdq = -1;
     float *bias = NULL;
     const int32_t *bq = NULL;
     const eng_tensor *bqs = NULL;
@@ -270,7 +298,7 @@ static eng_status qz_candidate(qz_ctx *c, int i, int conv) {
             double s = 0;
             int32_t wz = qz_get_int(w.zt, w.per == 1 ? 0 : m);
             for (int64_t k = 0; k < K; k++) {
-                int64_t idx = conv ? m * K + k : k * M + m;
+                int64_t idx = mfirst ? m * K + k : k * M + m;
                 s += fabs((double)qz_get_int(w.qt, idx) - wz);
             }
             if (s * xmax >= 16777216.0) qlinear = 0;
@@ -286,6 +314,7 @@ static eng_status qz_candidate(qz_ctx *c, int i, int conv) {
     eng_status st = ENG_STATUS_OK;
     char base[400];
     snprintf(base, sizeof base, "%s", n->name[0] ? n->name : g->values[y].name);
+    if (trans_b && (w.q = qz_transposed_weights(c, base, w.qt)) < 0) goto oom; /* integer matmuls take [K, N] */
     if (qlinear) {
         int last = q, out = g->nodes[q].outputs[0];
         int bv = -1;
@@ -395,8 +424,9 @@ eng_status eng_graph_fuse_qdq(eng_graph *g) {
     for (int i = 0; i < c.norig && st == ENG_STATUS_OK; i++) {
         if (c.z.dead[i]) continue;
         const eng_node *n = &g->nodes[i];
-        if (fz_is_op(n, "Conv")) st = qz_candidate(&c, i, 1);
-        else if (fz_is_op(n, "MatMul")) st = qz_candidate(&c, i, 0);
+        if (fz_is_op(n, "Conv")) st = qz_candidate(&c, i, QZ_CONV);
+        else if (fz_is_op(n, "MatMul")) st = qz_candidate(&c, i, QZ_MATMUL);
+        else if (fz_is_op(n, "Gemm")) st = qz_candidate(&c, i, QZ_GEMM);
     }
     /* DequantizeLinear nodes left without a use (repeat: none feeds another, but stay general) */
     for (int again = 1; again && c.z.changed;) {

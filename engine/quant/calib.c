@@ -3,7 +3,8 @@
  * Calibration runs a copy of the float graph whose outputs also list every activation to observe (graph inputs
  * are observed from the fed batch instead), without fusion so that every observed value is materialised. The
  * first pass records min and max; percentile and entropy run a second pass that histograms |x| into 2048 bins
- * over [0, amax]. Invariant: every eng_quant_act leaves here with a finite scale > 0 and a zero point inside its
+ * over [0, amax], leaving exact zeros out (ReLU's: they quantize exactly at any scale, and as a spike in bin 0 they
+ * pulled entropy's KL search down to thresholds that clip most of the range). Invariant: every eng_quant_act leaves here with a finite scale > 0 and a zero point inside its
  * dtype's range.
  */
 #include <math.h>
@@ -189,7 +190,7 @@ static eng_status calib_observe(const eng_graph *g, const eng_tensor *t, eng_qua
         if (!hist) {
             if (x < a->min) a->min = x;
             if (x > a->max) a->max = x;
-        } else if (*amax > 0) {
+        } else if (*amax > 0 && x != 0.0f) {
             int b = (int)(fabsf(x) / *amax * QUANT_NBINS);
             hist[b >= QUANT_NBINS ? QUANT_NBINS - 1 : b] += 1;
         }
