@@ -4,11 +4,13 @@
  * not absorb, the TENSORD_NO_QDQ_FUSE switch). Numerics are checked end to end by
  * tests/integration/test_qdq_fuse.py against onnxruntime. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/ir/graph.h"
 #include "engine/plan/fuse.h"
+#include "engine/plan/session.h"
 
 static int val(eng_graph *g, const char *name) {
     int v = eng_graph_add_value(g, name);
@@ -60,6 +62,7 @@ typedef struct spec {
     int float_user;   /* DQ(x) also feeds a float Relu whose output is a graph output */
     int bias;         /* Conv float bias */
     int second_conv;  /* a second Conv sharing DQ(x) and DQ(w) */
+    int gemm;         /* with matmul: a Gemm (1: transB = 0, w [8,3]; 2: transB = 1, w [3,8] per channel on axis 0) */
 } spec;
 
 /* x(float) -> Q -> DQ -> Conv/MatMul(DQ(w_q int8, per channel)) [-> Relu] [-> Q -> DQ] -> y */
@@ -74,6 +77,7 @@ static eng_graph *build(spec s) {
     int8_t wz[3] = {0, 0, 0}, wq[54];
     for (int i = 0; i < 54; i++) wq[i] = (int8_t)(i * 7 % 31 - 15);
     int64_t d0[1] = {0}, d3[1] = {3}, wd4[4] = {3, 2, 3, 3}, wd2[2] = {8, 3};
+    if (s.gemm == 2) wd2[0] = 3, wd2[1] = 8;
     int xs = init(g, "x_scale", ENG_DTYPE_F32, 0, d0, &one), xz = init(g, "x_zp", ENG_DTYPE_U8, 0, d0, &z0);
     int xq = val(g, "x_q"), xd = val(g, "x_dq");
     node(g, "xq", "QuantizeLinear", (int[]){x, xs, xz}, 3, xq);
@@ -87,10 +91,15 @@ static eng_graph *build(spec s) {
     int wsv = init(g, "w_scale", ENG_DTYPE_F32, 1, d3, ws), wzv = init(g, "w_zp", ENG_DTYPE_I8, 1, d3, wz);
     int wd = val(g, "w_dq");
     int dq = node(g, "wdq", "DequantizeLinear", (int[]){wqv, wsv, wzv}, 3, wd);
-    eng_attr ax = {.name = (char *)"axis", .type = ENG_ATTR_INT, .i = s.matmul ? 1 : 0};
+    eng_attr ax = {.name = (char *)"axis", .type = ENG_ATTR_INT, .i = s.matmul && s.gemm != 2 ? 1 : 0};
     eng_node_add_attr(g, dq, &ax);
     int c = val(g, "c");
-    if (s.bias) {
+    if (s.gemm) {
+        int bv = s.bias ? init(g, "b", ENG_DTYPE_F32, 1, d3, b) : -1;
+        int k = node(g, "gemm", "Gemm", (int[]){xd, wd, bv}, s.bias ? 3 : 2, c);
+        eng_attr tb = {.name = (char *)"transB", .type = ENG_ATTR_INT, .i = s.gemm == 2};
+        eng_node_add_attr(g, k, &tb);
+    } else if (s.bias) {
         int bv = init(g, "b", ENG_DTYPE_F32, 1, d3, b);
         node(g, "conv", "Conv", (int[]){xd, wd, bv}, 3, c);
     } else node(g, s.matmul ? "mm" : "conv", s.matmul ? "MatMul" : "Conv", (int[]){xd, wd}, 2, c);
@@ -219,4 +228,32 @@ Test(fuse_qdq, env_switch_turns_it_off) {
     cr_assert_eq(count_op(g, "Conv"), 1);
     cr_assert_eq(count_op(g, "QLinearConv"), 0);
     eng_graph_free(&g);
+}
+
+/* Gemm (a dense layer) in QDQ form, either transB, with and without bias: fused, and the fused graph computes what
+ * the float QDQ graph computes (the integer accumulation is exact; only float rounding differs). */
+Test(fuse_qdq, gemm_dense_layers_fused_and_equal) {
+    for (int tb = 1; tb <= 2; tb++)
+        for (int bias = 0; bias <= 1; bias++) {
+            spec sp = {.matmul = 1, .gemm = tb, .bias = bias, .q = !bias, .yzp = 128};
+            eng_graph *g = fused(sp);
+            cr_assert_eq(count_op(g, "Gemm"), 0, "transB %d bias %d: Gemm left", tb - 1, bias);
+            cr_assert_eq(count_op(g, bias ? "MatMulInteger" : "QLinearMatMul"), 1, "transB %d bias %d", tb - 1, bias);
+            eng_graph_free(&g);
+            float x[32], ref[12], got[12];
+            for (int i = 0; i < 32; i++) x[i] = (float)((i * 13) % 17) * 0.05f - 0.3f;
+            eng_tensor in = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {4, 8}, .data = x}, out;
+            const char *names[1] = {"x"};
+            for (int f = 0; f < 2; f++) {
+                eng_session *s = NULL;
+                cr_assert_eq(eng_session_new_graph(build(sp), &(eng_session_opts){.no_fuse = !f}, &s), ENG_STATUS_OK, "%s", eng_last_error());
+                cr_assert_eq(eng_session_run(s, 1, names, &in, &out), ENG_STATUS_OK, "%s", eng_last_error());
+                cr_assert_eq(eng_tensor_numel(&out), 12);
+                memcpy(f ? got : ref, out.data, sizeof ref);
+                eng_session_free(&s);
+            }
+            for (int i = 0; i < 12; i++)
+                cr_assert(fabsf(got[i] - ref[i]) <= 1e-5f * (1 + fabsf(ref[i])), "transB %d bias %d [%d]: %g vs %g", tb - 1,
+                          bias, i, got[i], ref[i]);
+        }
 }
