@@ -1,7 +1,8 @@
-/* grad-lowp.c - MatMulGrad in bf16 (mixed-precision training): dA = dY B^T and dB = A^T dY on oneDNN's bf16
- * matmul (brgemm, fp32 accumulation), with dA / dB written in the plan's dtype (fp32, or bf16 where the
- * precision pass stored them so).
+/* grad-lowp.c - the gradients of matmuls and convolutions in bf16 (mixed-precision training), on oneDNN's bf16
+ * kernels with fp32 accumulation; outputs in the plan's dtype (fp32, or bf16 where the precision pass stored
+ * them so). The fp32 kernels (grad-nn.c: OpenBLAS) stay for everything these do not take.
  *
+ * MatMulGrad: dA = dY B^T and dB = A^T dY on the bf16 matmul (brgemm).
  * Shapes taken (compute_ok): B of rank 2 (a dense layer's kernel: A's leading dims collapse into rows, so dB sums
  * over the whole batch in one product), or A and B of the same rank >= 3 with equal batch dims (attention's
  * batched products). Anything else (broadcast batch dims, 1-D operands) keeps the fp32 sgemm kernel.
@@ -14,9 +15,12 @@
 #include <string.h>
 
 #include "../kernel.h"
+#include "../krn-grad.h"
 #include "../krn-nn.h"
+#include "nn-conv-impl.h"
 
 eng_status krn_cpu_grad_matmul_exec(krn_call *c);
+eng_status krn_cpu_grad_conv_exec(krn_call *c);
 
 enum { GM_DY = 0, GM_A = 1, GM_B = 2 };
 
@@ -208,7 +212,253 @@ static void gm_describe(const krn_call *c, krn_impl_info *info) {
     info->reorders = !!s->buf[0] + !!s->buf[1] + !!s->buf[2];
 }
 
+/* ---- ConvGrad(dy, x, w) -> dx, dw, db: oneDNN's bf16 backward-data and backward-weights convolutions, built
+ * with a forward-training primitive as their hint; every operand in the layouts oneDNN picks (format `any`),
+ * reached by counted reorders from the plan's plain float32 tensors (the conversion to bf16 included); dw / db
+ * accumulate and come out in float32. ---- */
+
+typedef struct cg_io {
+    krn_dnnl_reorder r;
+    void *buf;
+} cg_io;
+
+typedef struct cg_state {
+    dnnl_primitive_desc_t fwd, bd, bw;
+    dnnl_primitive_t pbd, pbw;
+    dnnl_memory_t sbd, sbw; /* scratchpads */
+    dnnl_memory_t m[7];     /* bd: diff_dst, weights, diff_src; bw: src, diff_dst, diff_weights, diff_bias */
+    cg_io io[7];            /* reorders into / out of those, where the plan's layout or dtype differs */
+    char desc[192];
+} cg_state;
+
+enum { CG_BD_DY, CG_BD_W, CG_BD_DX, CG_BW_X, CG_BW_DY, CG_BW_DW, CG_BW_DB };
+
+static void cg_free(void *v) {
+    cg_state *s = v;
+    if (!s) return;
+    if (s->pbd) dnnl_primitive_destroy(s->pbd);
+    if (s->pbw) dnnl_primitive_destroy(s->pbw);
+    if (s->fwd) dnnl_primitive_desc_destroy(s->fwd);
+    if (s->bd) dnnl_primitive_desc_destroy(s->bd);
+    if (s->bw) dnnl_primitive_desc_destroy(s->bw);
+    if (s->sbd) dnnl_memory_destroy(s->sbd);
+    if (s->sbw) dnnl_memory_destroy(s->sbw);
+    for (int i = 0; i < 7; i++) {
+        if (s->m[i]) dnnl_memory_destroy(s->m[i]);
+        krn_dnnl_reorder_free(&s->io[i].r);
+        eng_free(s->io[i].buf);
+    }
+    free(s);
+}
+
+static int cg_compute_ok(const krn_call *c, eng_dtype dt) {
+    const krn_conv_params *p = c->params ? &((const krn_conv_grad_params *)c->params)->conv : NULL;
+    if (dt != ENG_DTYPE_BF16 || !p || c->nin != 3 || p->x_layout || p->y_layout) return 0;
+    int nsp = c->in[1].ndim - 2;
+    if (nsp < 1 || nsp > 3 || c->in[0].ndim != c->in[1].ndim || c->in[2].ndim != c->in[1].ndim) return 0;
+    for (int i = 0; i < 3; i++)
+        if (!krn_lowp_io(c->in[i].dtype) || eng_tensor_numel(&c->in[i]) == 0) return 0;
+    for (int i = 0; i < c->nout; i++)
+        if (c->out[i].dtype != ENG_DTYPE_UNDEFINED && (i == 0 ? !krn_lowp_io(c->out[i].dtype) : c->out[i].dtype != ENG_DTYPE_F32))
+            return 0;
+    return 1;
+}
+
+/* The plan's md of a tensor: plain, its own dtype; weights grouped (G, M/G, C/G, k...) when G > 1. */
+static eng_status cg_plain_md(dnnl_memory_desc_t *md, const eng_tensor *t, int64_t G) {
+    dnnl_dims_t d;
+    int nd = t->ndim;
+    if (G > 1) {
+        d[0] = G, d[1] = t->dims[0] / G;
+        for (int i = 1; i < nd; i++) d[i + 1] = t->dims[i];
+        nd++;
+    } else {
+        for (int i = 0; i < nd; i++) d[i] = t->dims[i];
+    }
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, nd, d, krn_dnnl_dt(t->dtype), conv_plain_tags[nd]));
+    return ENG_STATUS_OK;
+}
+
+/* md with t's dims (grouped for weights), dtype dt, format `any`. */
+static eng_status cg_any_md(dnnl_memory_desc_t *md, const dnnl_memory_desc_t *plain, dnnl_data_type_t dt) {
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(md, plain->ndims, plain->dims, dt, dnnl_format_tag_any));
+    return ENG_STATUS_OK;
+}
+
+static eng_status cg_mem(cg_state *s, int k, const dnnl_memory_desc_t *plan, const dnnl_memory_desc_t *prim, int input) {
+    dnnl_engine_t eng;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    ENG_TRY(krn_dnnl_io_reorder(plan, prim, input, &s->io[k].r, &s->io[k].buf));
+    KRN_DNNL_CHECK(dnnl_memory_create(&s->m[k], prim, eng, s->io[k].buf ? s->io[k].buf : DNNL_MEMORY_NONE));
+    return ENG_STATUS_OK;
+}
+
+static eng_status cg_scratch(const_dnnl_primitive_desc_t pd, dnnl_memory_t *m) {
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (!smd || dnnl_memory_desc_get_size(smd) == 0) return ENG_STATUS_OK;
+    dnnl_engine_t eng;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    KRN_DNNL_CHECK(dnnl_memory_create(m, smd, eng, DNNL_MEMORY_ALLOCATE));
+    return ENG_STATUS_OK;
+}
+
+static eng_status cg_pd(dnnl_primitive_desc_t *pd, const void *desc, const_dnnl_primitive_desc_t hint) {
+    dnnl_engine_t eng;
+    ENG_TRY(krn_dnnl_engine(&eng));
+    dnnl_primitive_attr_t a;
+    KRN_DNNL_CHECK(dnnl_primitive_attr_create(&a));
+    dnnl_status_t st = dnnl_primitive_attr_set_scratchpad_mode(a, dnnl_scratchpad_mode_user);
+    if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, desc, a, eng, hint);
+    dnnl_primitive_attr_destroy(a);
+    if (st != dnnl_success) {
+        *pd = NULL;
+        return krn_dnnl_fail(st, "dnnl_primitive_desc_create", __func__, __FILE__, __LINE__);
+    }
+    if (krn_dnnl_is_ref(*pd)) return eng_err(ENG_STATUS_UNSUPPORTED, "oneDNN has only a reference bf16 conv gradient here");
+    return ENG_STATUS_OK;
+}
+
+static eng_status cg_build(krn_call *c, cg_state *s) {
+    const krn_conv_params *p = &((const krn_conv_grad_params *)c->params)->conv;
+    const eng_tensor *dy = &c->in[0], *x = &c->in[1], *w = &c->in[2];
+    int nsp = x->ndim - 2;
+    int64_t G = p->group > 0 ? p->group : 1;
+    dnnl_dims_t st, dl, pl, pr;
+    for (int i = 0; i < nsp; i++) {
+        st[i] = p->strides[i], dl[i] = p->dilations[i] - 1, pl[i] = p->pads[i], pr[i] = p->pads[nsp + i];
+    }
+    dnnl_memory_desc_t xp, wp, dyp, xa, wa, dya, dxa, dwa, bmd;
+    ENG_TRY(cg_plain_md(&xp, x, 1));
+    ENG_TRY(cg_plain_md(&wp, w, G));
+    ENG_TRY(cg_plain_md(&dyp, dy, 1));
+    ENG_TRY(cg_any_md(&xa, &xp, dnnl_bf16));
+    ENG_TRY(cg_any_md(&wa, &wp, dnnl_bf16));
+    ENG_TRY(cg_any_md(&dya, &dyp, dnnl_bf16));
+    int want_dx = c->nout > 0 && c->out[0].dtype != ENG_DTYPE_UNDEFINED;
+    int want_dw = c->nout > 1 && c->out[1].dtype != ENG_DTYPE_UNDEFINED;
+    int want_db = c->nout > 2 && c->out[2].dtype != ENG_DTYPE_UNDEFINED;
+    ENG_TRY(cg_any_md(&dxa, &xp, want_dx ? krn_dnnl_dt(c->out[0].dtype) : dnnl_f32));
+    ENG_TRY(cg_any_md(&dwa, &wp, dnnl_f32));
+    dnnl_dims_t bd = {w->dims[0]};
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a));
+    dnnl_convolution_desc_t fd, bdd, bwd;
+    KRN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &xa, &wa,
+                                                              want_db ? &bmd : NULL, &dya, st, dl, pl, pr));
+    ENG_TRY(cg_pd(&s->fwd, &fd, NULL));
+    const char *impl = "-";
+    if (want_dx) {
+        KRN_DNNL_CHECK(dnnl_dilated_convolution_backward_data_desc_init(&bdd, dnnl_convolution_direct, &dxa, &wa, &dya, st, dl, pl, pr));
+        ENG_TRY(cg_pd(&s->bd, &bdd, s->fwd));
+        KRN_DNNL_CHECK(dnnl_primitive_create(&s->pbd, s->bd));
+        ENG_TRY(cg_scratch(s->bd, &s->sbd));
+        dnnl_memory_desc_t dxp;
+        ENG_TRY(cg_plain_md(&dxp, &c->out[0], 1));
+        ENG_TRY(cg_mem(s, CG_BD_DY, &dyp, dnnl_primitive_desc_query_md(s->bd, dnnl_query_diff_dst_md, 0), 1));
+        ENG_TRY(cg_mem(s, CG_BD_W, &wp, dnnl_primitive_desc_query_md(s->bd, dnnl_query_weights_md, 0), 1));
+        ENG_TRY(cg_mem(s, CG_BD_DX, &dxp, dnnl_primitive_desc_query_md(s->bd, dnnl_query_diff_src_md, 0), 0));
+        impl = krn_dnnl_impl_name(s->bd);
+    }
+    if (want_dw || want_db) {
+        KRN_DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, &xa, &dwa,
+                                                                           want_db ? &bmd : NULL, &dya, st, dl, pl, pr));
+        ENG_TRY(cg_pd(&s->bw, &bwd, s->fwd));
+        KRN_DNNL_CHECK(dnnl_primitive_create(&s->pbw, s->bw));
+        ENG_TRY(cg_scratch(s->bw, &s->sbw));
+        ENG_TRY(cg_mem(s, CG_BW_X, &xp, dnnl_primitive_desc_query_md(s->bw, dnnl_query_src_md, 0), 1));
+        ENG_TRY(cg_mem(s, CG_BW_DY, &dyp, dnnl_primitive_desc_query_md(s->bw, dnnl_query_diff_dst_md, 0), 1));
+        dnnl_memory_desc_t dwp;
+        ENG_TRY(cg_plain_md(&dwp, want_dw ? &c->out[1] : w, G));
+        dwp.data_type = dnnl_f32;
+        ENG_TRY(cg_mem(s, CG_BW_DW, &dwp, dnnl_primitive_desc_query_md(s->bw, dnnl_query_diff_weights_md, 0), 0));
+        if (!want_dw && !s->io[CG_BW_DW].buf) { /* dw omitted but the primitive writes it: give it a buffer */
+            size_t n = dnnl_memory_desc_get_size(&dwp);
+            if (!(s->io[CG_BW_DW].buf = eng_alloc(n ? n : 64))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "ConvGrad dw");
+        }
+        if (want_db) {
+            dnnl_engine_t eng;
+            ENG_TRY(krn_dnnl_engine(&eng));
+            KRN_DNNL_CHECK(dnnl_memory_create(&s->m[CG_BW_DB], &bmd, eng, DNNL_MEMORY_NONE));
+        }
+        if (!want_dx) impl = krn_dnnl_impl_name(s->bw);
+    }
+    int nre = 0;
+    for (int i = 0; i < 7; i++) nre += s->io[i].r.prim != NULL;
+    snprintf(s->desc, sizeof s->desc, "%s (bf16 dx, dw) +%d reorders", impl, nre);
+    return ENG_STATUS_OK;
+}
+
+static eng_status cg_init(krn_call *c) {
+    if (!c->compute) return ENG_STATUS_OK; /* fp32: im2col + sgemm (grad-nn.c), no state */
+    if (!cg_compute_ok(c, c->compute))
+        return eng_err(ENG_STATUS_INTERNAL, "ConvGrad cannot compute in %s here", eng_dtype_name(c->compute));
+    cg_state *s = calloc(1, sizeof *s);
+    if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "ConvGrad state");
+    krn_dnnl_set_threads(c->nthreads);
+    eng_status st = cg_build(c, s);
+    if (st != ENG_STATUS_OK) {
+        cg_free(s);
+        return eng_err_prefix(st, "bf16 ConvGrad: ");
+    }
+    c->state = s;
+    return ENG_STATUS_OK;
+}
+
+/* Bind memory k to `data` (through its reorder when it has one: inputs are converted now, outputs later). */
+static eng_status cg_in(cg_state *s, int k, dnnl_stream_t stream, const void *data) {
+    if (s->io[k].r.prim) return krn_dnnl_reorder_run(&s->io[k].r, stream, data, s->io[k].buf);
+    KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->m[k], (void *)data));
+    return ENG_STATUS_OK;
+}
+
+static eng_status cg_exec(krn_call *c) {
+    cg_state *s = c->state;
+    if (!s) return krn_cpu_grad_conv_exec(c);
+    dnnl_stream_t stream;
+    ENG_TRY(krn_dnnl_stream(&stream));
+    krn_dnnl_set_threads(c->nthreads);
+    if (s->pbd) {
+        ENG_TRY(cg_in(s, CG_BD_DY, stream, c->in[0].data));
+        ENG_TRY(cg_in(s, CG_BD_W, stream, c->in[2].data));
+        if (!s->io[CG_BD_DX].r.prim) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->m[CG_BD_DX], c->out[0].data));
+        dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, s->m[CG_BD_DY]}, {DNNL_ARG_WEIGHTS, s->m[CG_BD_W]},
+                                {DNNL_ARG_DIFF_SRC, s->m[CG_BD_DX]}, {DNNL_ARG_SCRATCHPAD, s->sbd}};
+        KRN_DNNL_CHECK(dnnl_primitive_execute(s->pbd, stream, s->sbd ? 4 : 3, a));
+        if (s->io[CG_BD_DX].r.prim) ENG_TRY(krn_dnnl_reorder_run(&s->io[CG_BD_DX].r, stream, s->io[CG_BD_DX].buf, c->out[0].data));
+    }
+    if (s->pbw) {
+        void *dw = c->nout > 1 && c->out[1].data ? c->out[1].data : s->io[CG_BW_DW].buf;
+        ENG_TRY(cg_in(s, CG_BW_X, stream, c->in[1].data));
+        ENG_TRY(cg_in(s, CG_BW_DY, stream, c->in[0].data));
+        if (!s->io[CG_BW_DW].r.prim) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->m[CG_BW_DW], dw));
+        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, s->m[CG_BW_X]}, {DNNL_ARG_DIFF_DST, s->m[CG_BW_DY]},
+                                {DNNL_ARG_DIFF_WEIGHTS, s->m[CG_BW_DW]}};
+        int na = 3;
+        if (s->m[CG_BW_DB]) {
+            KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->m[CG_BW_DB], c->out[2].data));
+            a[na].arg = DNNL_ARG_DIFF_BIAS, a[na++].memory = s->m[CG_BW_DB];
+        }
+        if (s->sbw) a[na].arg = DNNL_ARG_SCRATCHPAD, a[na++].memory = s->sbw;
+        KRN_DNNL_CHECK(dnnl_primitive_execute(s->pbw, stream, na, a));
+        if (s->io[CG_BW_DW].r.prim && c->nout > 1 && c->out[1].data)
+            ENG_TRY(krn_dnnl_reorder_run(&s->io[CG_BW_DW].r, stream, s->io[CG_BW_DW].buf, c->out[1].data));
+    }
+    KRN_DNNL_CHECK(dnnl_stream_wait(stream));
+    return ENG_STATUS_OK;
+}
+
+static void cg_describe(const krn_call *c, krn_impl_info *info) {
+    const cg_state *s = c->state;
+    memset(info, 0, sizeof *info);
+    if (!s) {
+        krn_str_copy(info->impl, sizeof info->impl, "im2col + openblas sgemm");
+        return;
+    }
+    krn_str_copy(info->impl, sizeof info->impl, s->desc);
+    for (int i = 0; i < 7; i++) info->reorders += s->io[i].r.prim != NULL;
+}
+
 const krn_kernel krn_cpu_grad_lowp_kernels[] = {
     {"grad_matmul", gm_init, gm_exec, gm_free, gm_describe, gm_compute_ok},
+    {"grad_conv", cg_init, cg_exec, cg_free, cg_describe, cg_compute_ok},
     {NULL},
 };

@@ -14,7 +14,6 @@
 #include "../kernel.h"
 #include "../krn-grad.h"
 
-eng_status krn_cpu_grad_conv_exec(krn_call *c);
 eng_status krn_cpu_grad_pool_exec(krn_call *c);
 eng_status krn_cpu_grad_batchnorm_exec(krn_call *c);
 eng_status krn_cpu_grad_layernorm_exec(krn_call *c);
@@ -373,7 +372,6 @@ const krn_kernel krn_cpu_grad_kernels[] = {
     {"training_dropout", NULL, tdrop_exec, NULL},
     {"grad_dropout", NULL, dropout_grad_exec, NULL},
     {"grad_loss", NULL, loss_exec, NULL},
-    {"grad_conv", NULL, krn_cpu_grad_conv_exec, NULL},
     {"grad_pool", NULL, krn_cpu_grad_pool_exec, NULL},
     {"grad_batchnorm", NULL, krn_cpu_grad_batchnorm_exec, NULL},
     {"grad_layernorm", NULL, krn_cpu_grad_layernorm_exec, NULL},

@@ -225,3 +225,80 @@ Test(precision, refusals_name_the_reason) {
     cr_assert(strstr(eng_last_error(), "float16") && strstr(eng_last_error(), "bf16"), "%s", eng_last_error());
     cr_assert_str_eq(eng_precision_name(ENG_PRECISION_INT8), "int8");
 }
+
+/* The bf16 gradient kernels (grad-lowp.c) against the fp32 ones: ConvGrad (dx, dw, db; grouped too) and
+ * MatMulGrad (dense-layer and batched shapes), inputs fed, NMSE of every output within bf16 rounding. */
+static void check_grad_node(const char *op, int nin, int nout, const int64_t dims[][4], const int *nd, int64_t pads,
+                            int64_t group, double tol) {
+    if (!bf16_here()) return;
+    eng_graph *g = eng_graph_new();
+    g->opset = 17;
+    static const char *in_names[3] = {"dy", "a", "b"}, *out_names[3] = {"d0", "d1", "d2"};
+    int ins[3], outs[3];
+    eng_tensor in[3];
+    for (int i = 0; i < nin; i++) {
+        ins[i] = eng_graph_add_value(g, in_names[i]);
+        memset(&in[i], 0, sizeof in[i]);
+        in[i].dtype = ENG_DTYPE_F32, in[i].ndim = nd[i];
+        g->values[ins[i]].dtype = ENG_DTYPE_F32, g->values[ins[i]].ndim = nd[i];
+        for (int d = 0; d < nd[i]; d++) g->values[ins[i]].dims[d] = in[i].dims[d] = dims[i][d];
+        g->inputs = realloc(g->inputs, (size_t)(g->ninputs + 1) * sizeof(int));
+        g->inputs[g->ninputs++] = ins[i];
+        int64_t n = eng_tensor_numel(&in[i]);
+        in[i].data = malloc((size_t)n * sizeof(float));
+        for (int64_t k = 0; k < n; k++) ((float *)in[i].data)[k] = (float)((double)(mdl_splitmix64(&rng) >> 11) * 0x1.0p-53 - 0.5);
+    }
+    for (int i = 0; i < nout; i++) {
+        outs[i] = eng_graph_add_value(g, out_names[i]);
+        g->outputs = realloc(g->outputs, (size_t)(g->noutputs + 1) * sizeof(int));
+        g->outputs[g->noutputs++] = outs[i];
+    }
+    int k = eng_graph_add_node(g, op, op, "com.tensord", ins, nin, outs, nout);
+    if (pads >= 0) {
+        int64_t pv[4] = {pads, pads, pads, pads}, ks[2] = {dims[2][2], dims[2][3]};
+        eng_attr a1 = {.name = (char *)"pads", .type = ENG_ATTR_INTS, .ints = pv, .n = 4};
+        eng_attr a2 = {.name = (char *)"kernel_shape", .type = ENG_ATTR_INTS, .ints = ks, .n = 2};
+        eng_attr a3 = {.name = (char *)"group", .type = ENG_ATTR_INT, .i = group};
+        eng_node_add_attr(g, k, &a1);
+        eng_node_add_attr(g, k, &a2);
+        eng_node_add_attr(g, k, &a3);
+    }
+    eng_session *s = NULL;
+    cr_assert_eq(eng_session_new_graph(g, &(eng_session_opts){.nthreads = 2, .no_fuse = 1}, &s), ENG_STATUS_OK, "%s", eng_last_error());
+    eng_tensor o[3];
+    float *ref[3];
+    int64_t n[3];
+    cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_FP32, nin, in_names, in, o), ENG_STATUS_OK, "%s", eng_last_error());
+    for (int i = 0; i < nout; i++) {
+        n[i] = eng_tensor_numel(&o[i]);
+        ref[i] = malloc((size_t)n[i] * sizeof(float));
+        memcpy(ref[i], o[i].data, (size_t)n[i] * sizeof(float));
+    }
+    cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_BF16, nin, in_names, in, o), ENG_STATUS_OK, "%s: %s", op, eng_last_error());
+    eng_plan_stats st;
+    eng_session_last_stats(s, &st);
+    cr_assert_eq(st.lowp_steps, 1, "%s did not run in bf16", op);
+    for (int i = 0; i < nout; i++) {
+        cr_assert_eq(o[i].dtype, ENG_DTYPE_F32);
+        double e = nmse(o[i].data, ref[i], n[i]);
+        cr_log_info("%s output %d: bf16 vs fp32 nmse %.3g", op, i, e);
+        cr_assert(e > 0 && e < tol, "%s output %d: nmse %.3g (limit %.3g)", op, i, e, tol);
+        free(ref[i]);
+    }
+    eng_session_free(&s);
+    for (int i = 0; i < nin; i++) free(in[i].data);
+}
+
+Test(precision, conv_grad_bf16) {
+    const int64_t d[3][4] = {{4, 16, 12, 12}, {4, 8, 12, 12}, {16, 8, 3, 3}};
+    check_grad_node("ConvGrad", 3, 3, d, (int[]){4, 4, 4}, 1, 1, 1e-4);
+    const int64_t dg[3][4] = {{2, 16, 10, 10}, {2, 8, 10, 10}, {16, 4, 3, 3}}; /* 2 groups */
+    check_grad_node("ConvGrad", 3, 3, dg, (int[]){4, 4, 4}, 1, 2, 1e-4);
+}
+
+Test(precision, matmul_grad_bf16) {
+    const int64_t dense[3][4] = {{4, 16, 48}, {4, 16, 32}, {32, 48}}; /* dY, A [4,16,32], B [32,48] */
+    check_grad_node("MatMulGrad", 3, 2, dense, (int[]){3, 3, 2}, -1, 1, 1e-4);
+    const int64_t batched[3][4] = {{2, 3, 8, 16}, {2, 3, 8, 24}, {2, 3, 24, 16}};
+    check_grad_node("MatMulGrad", 3, 2, batched, (int[]){4, 4, 4}, -1, 1, 1e-4);
+}
