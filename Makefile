@@ -58,7 +58,7 @@ CU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: all deps test test-unit test-conformance test-py test-san test-fuzz bench demo serve-demo clean cuda
+.PHONY: all deps test test-unit test-ops test-conformance test-py test-san test-fuzz bench demo serve-demo clean cuda
 all: $(BUILD)/tensord $(BUILD)/libtensord.a $(if $(filter 1,$(CUDA_ON)),cuda,)
 
 $(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
@@ -103,6 +103,12 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a $(PROTO_H) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a -lcriterion $(LDLIBS)
 
+# The op x backend x precision walker (tests/test_ops.c): its own binary, not a Criterion test, since it is one
+# table-driven run over the ONNX node tests that prints a summary table.
+$(BUILD)/tests/test_ops: tests/test_ops.c $(BUILD)/libtensord.a Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a $(LDLIBS)
+
 -include $(shell find $(BUILD)/obj $(BUILD)/tests -name '*.d' 2>/dev/null)
 
 # ---- dependencies ----
@@ -118,11 +124,18 @@ deps:
 
 # ---- tests ----
 CONF := /usr/share/libonnx-testdata/data
-test: all test-unit test-conformance test-py test-san test-fuzz
+test: all test-unit test-ops test-conformance test-py test-san test-fuzz
 	@echo "make test: all suites passed"
 
 test-unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t --jobs 2; done
+
+# Every op x backend x precision against the CPU's fp32 outputs, on the ONNX tests our fp32 run passes (the node
+# suite for every op, the others for real-size convolutions); skips, saying why, a backend or a precision this
+# build or this CPU lacks (STYLE.md, Tests).
+OPS_ARGS := $(foreach s,node pytorch-converted pytorch-operator simple,--data $(CONF)/$(s) --expect tests/conformance/expected-$(s).txt)
+test-ops: $(BUILD)/tests/test_ops
+	@echo "== $<"; $< $(OPS_ARGS)
 
 # Then again with every provably row-independent plan split into one-row chunks on 2 threads: the batch-split
 # analysis (engine/plan/plan-split.c) must never change an answer on the ONNX test models.
@@ -143,12 +156,17 @@ test-conformance: $(BUILD)/tensord
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
 SAN_UNIT_ENV := $(SAN_ENV) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:exitcode=0
 test-san:
-	$(MAKE) --no-print-directory SAN=1 build/san/tensord $(patsubst tests/unit/%.c,build/san/tests/%,$(UNIT_SRC))
+	$(MAKE) --no-print-directory SAN=1 build/san/tensord build/san/tests/test_ops $(patsubst tests/unit/%.c,build/san/tests/%,$(UNIT_SRC))
 	@set -e; for t in $(patsubst tests/unit/%.c,build/san/tests/%,$(UNIT_SRC)); do echo "== (asan) $$t"; \
 	  $(SAN_UNIT_ENV) $$t --jobs 2 > $$t.log 2>&1 || { tail -n 30 $$t.log; echo "$$t failed ($$t.log)"; exit 1; }; \
 	  grep -E "Synthesis" $$t.log; \
 	  $(PY) tests/san_check.py $$t.log || exit 1; \
 	done
+	@echo "== (asan) build/san/tests/test_ops"; $(SAN_ENV) build/san/tests/test_ops $(OPS_ARGS) > build/san/test_ops.log 2>&1 \
+	  || { grep -E "^FAIL|Sanitizer|runtime error:" build/san/test_ops.log | head -n 30; tail -n 1 build/san/test_ops.log; \
+	       echo "test_ops failed (build/san/test_ops.log)"; exit 1; }; tail -n 1 build/san/test_ops.log
+	@if grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" build/san/test_ops.log; then \
+	  echo "sanitizer report in test_ops (build/san/test_ops.log)"; exit 1; fi
 	@set -e; for s in node pytorch-converted pytorch-operator simple; do \
 	  echo "== (asan) conformance $$s"; \
 	  $(SAN_ENV) build/san/tensord conformance $(CONF)/$$s --isolate --expect tests/conformance/expected-$$s.txt 2>&1 | tee build/san/conformance-$$s.log | tail -n 3; \

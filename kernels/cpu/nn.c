@@ -330,7 +330,11 @@ static int mm_compute_ok(const krn_call *c, eng_dtype dt) {
         !krn_lowp_io(c->out[0].dtype) || c->out[0].ndim > 6 || c->out[0].ndim < 2)
         return 0;
     const eng_tensor *C = p->has_bias && c->nin > 2 && c->in[2].dtype != ENG_DTYPE_UNDEFINED ? &c->in[2] : NULL;
-    if (C && (C->dtype != ENG_DTYPE_F32 || C->ndim > c->out[0].ndim)) return 0;
+    /* oneDNN 2.6 has only its reference kernel for a full [M, N] or scalar bias: a per-column bias only */
+    if (C && (C->dtype != ENG_DTYPE_F32 || C->ndim > c->out[0].ndim || C->ndim < 1 ||
+              C->dims[C->ndim - 1] != c->out[0].dims[c->out[0].ndim - 1] || eng_tensor_numel(C) != C->dims[C->ndim - 1] ||
+              C->dims[C->ndim - 1] < 2))
+        return 0;
     if (!((c->const_mask >> 1) & 1) && p->alpha != 1.f) return 0;
     if (C && !((c->const_mask >> 2) & 1) && p->beta != 1.f) return 0;
     mm_shapes sh;

@@ -5,6 +5,7 @@
  * external data are written by eng_onnx_save_file and then edited with the generated protobuf-c code.
  * Robustness tests (every prefix, random byte flips, path traversal, nesting bombs) only check that errors come
  * back as statuses; run them under `make SAN=1 test-unit` to have ASan/UBSan check memory safety too.
+ * The backend test case loader (onnx-testdata.c: lists, data sets, bfloat16 stored as uint16) is tested here too.
  */
 #include <criterion/criterion.h>
 
@@ -19,6 +20,7 @@
 #include "engine/ir/graph.h"
 #include "engine/ir/npy.h"
 #include "engine/ir/onnx.h"
+#include "engine/ir/onnx-testdata.h"
 #include "onnx.pb-c.h"
 
 #define TD "/usr/share/libonnx-testdata/data"
@@ -898,4 +900,93 @@ Test(npy, versions_and_malformed_headers) {
     cr_assert_neq(eng_npy_load_buffer(hdr, sizeof hdr, "big", &t), ENG_STATUS_OK);
     cr_assert_neq(eng_npy_load_buffer("NUMPY", 5, "magic", &t), ENG_STATUS_OK);
     cr_assert_eq(eng_npy_load("/nonexistent.npy", &t), ENG_STATUS_NOT_FOUND);
+}
+
+/* ---- ONNX backend test cases (onnx-testdata.c, shared by `tensord conformance` and tests/test_ops.c) ---- */
+
+Test(onnx_testdata, name_lists_and_set_dirs, .init = mk_tmp, .fini = rm_tmp) {
+    const char *list = "test_b\n  test_a # why it is listed\n\n# a comment line\n\ttest_c \r\n";
+    write_all(tpath("expect.txt"), list, strlen(list));
+    int n = 0;
+    char **v = eng_testdata_names_read(tpath("expect.txt"), &n);
+    cr_assert_eq(n, 3);
+    cr_assert_str_eq(v[0], "test_b");
+    cr_assert_str_eq(v[1], "test_a");
+    cr_assert_str_eq(v[2], "test_c");
+    eng_testdata_names_free(v, n);
+    cr_assert_null(eng_testdata_names_read(tpath("missing.txt"), &n));
+    cr_assert_eq(n, 0);
+    cr_assert_eq(mkdir(tpath("test_data_set_1"), 0700), 0);
+    cr_assert_eq(mkdir(tpath("test_data_set_0"), 0700), 0);
+    cr_assert_eq(mkdir(tpath("other"), 0700), 0);
+    write_all(tpath("test_data_set_2"), "x", 1); /* a file, not a set */
+    v = eng_testdata_dirs(tmpdir, "test_data_set_", &n);
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(v[0], "test_data_set_0");
+    cr_assert_str_eq(v[1], "test_data_set_1");
+    eng_testdata_names_free(v, n);
+    v = eng_testdata_dirs(tmpdir, NULL, &n);
+    cr_assert_eq(n, 3);
+    cr_assert_str_eq(v[0], "other");
+    eng_testdata_names_free(v, n);
+    cr_assert_null(eng_testdata_dirs(tpath("missing"), NULL, &n));
+    cr_assert_eq(n, 0);
+}
+
+Test(onnx_testdata, sets_feed_the_graph_inputs, .init = mk_tmp, .fini = rm_tmp) {
+    if (!have_testdata()) cr_skip_test("libonnx-testdata is not installed");
+    eng_graph *g = load_ok(TD "/node/test_add/model.onnx");
+    eng_testdata_set d;
+    cr_assert_eq(eng_testdata_set_load(TD "/node/test_add", "test_data_set_0", g, &d), ENG_STATUS_OK, "%s",
+                 eng_last_error());
+    cr_assert_eq(d.nin, 2);
+    cr_assert_eq(d.nfeed, 2);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_str_eq(d.names[k], g->values[g->inputs[k]].name);
+        cr_assert_eq(d.feed[k].data, d.owned[k]->data);
+        cr_assert_eq(d.feed[k].dtype, ENG_DTYPE_F32);
+    }
+    eng_testdata_set_free(&d);
+    cr_assert_eq(d.nin, 0);
+    eng_tensor *want = NULL;
+    cr_assert_eq(eng_testdata_output_load(TD "/node/test_add", "test_data_set_0", 0, ENG_DTYPE_F32, &want), ENG_STATUS_OK);
+    cr_assert_eq(want->dtype, ENG_DTYPE_F32);
+    eng_tensor_destroy(&want);
+    /* one input of the two: UNSUPPORTED (the conformance runner's skip), naming the set */
+    size_t len;
+    uint8_t *b = read_all(TD "/node/test_add/test_data_set_0/input_0.pb", &len);
+    cr_assert_eq(mkdir(tpath("test_data_set_0"), 0700), 0);
+    write_all(tpath("test_data_set_0/input_0.pb"), b, len);
+    free(b);
+    cr_assert_eq(eng_testdata_set_load(tmpdir, "test_data_set_0", g, &d), ENG_STATUS_UNSUPPORTED);
+    cr_assert(strstr(eng_last_error(), "test_data_set_0 has 1 inputs, the model takes 2"), "%s", eng_last_error());
+    eng_testdata_set_free(&d);
+    /* a corrupt second input: an error naming the file, with the first input still held (and freed) */
+    write_all(tpath("test_data_set_0/input_1.pb"), "\xff\xff\xff", 3);
+    cr_assert_neq(eng_testdata_set_load(tmpdir, "test_data_set_0", g, &d), ENG_STATUS_OK);
+    cr_assert(strstr(eng_last_error(), "test_data_set_0/input_1.pb"), "%s", eng_last_error());
+    cr_assert_eq(d.nin, 1);
+    eng_testdata_set_free(&d);
+    cr_assert_neq(eng_testdata_output_load(tmpdir, "test_data_set_0", 0, ENG_DTYPE_F32, &want), ENG_STATUS_OK);
+    cr_assert(strstr(eng_last_error(), "test_data_set_0/output_0.pb"), "%s", eng_last_error());
+    eng_graph_free(&g);
+}
+
+Test(onnx_testdata, bfloat16_stored_as_uint16) {
+    if (!have_testdata()) cr_skip_test("libonnx-testdata is not installed");
+    eng_graph *g = load_ok(TD "/node/test_cast_BFLOAT16_to_FLOAT/model.onnx");
+    eng_testdata_set d;
+    cr_assert_eq(eng_testdata_set_load(TD "/node/test_cast_BFLOAT16_to_FLOAT", "test_data_set_0", g, &d), ENG_STATUS_OK);
+    cr_assert_eq(d.owned[0]->dtype, ENG_DTYPE_U16); /* the file's dtype */
+    cr_assert_eq(d.feed[0].dtype, ENG_DTYPE_BF16);  /* the graph's */
+    eng_testdata_set_free(&d);
+    eng_graph_free(&g);
+    eng_tensor *want = NULL;
+    const char *dir = TD "/node/test_cast_FLOAT_to_BFLOAT16";
+    cr_assert_eq(eng_testdata_output_load(dir, "test_data_set_0", 0, ENG_DTYPE_BF16, &want), ENG_STATUS_OK);
+    cr_assert_eq(want->dtype, ENG_DTYPE_BF16);
+    eng_tensor_destroy(&want);
+    cr_assert_eq(eng_testdata_output_load(dir, "test_data_set_0", 0, ENG_DTYPE_F32, &want), ENG_STATUS_OK);
+    cr_assert_eq(want->dtype, ENG_DTYPE_U16);
+    eng_tensor_destroy(&want);
 }
