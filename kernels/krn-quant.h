@@ -38,6 +38,15 @@ typedef struct krn_qconv_params {
     int qlinear;
 } krn_qconv_params;
 
+/* com.microsoft QLinearAdd / QLinearMul (onnxruntime's QOperator form of Add and Mul): inputs a, a_scale, a_zp?,
+ * b, b_scale, b_zp?, c_scale, c_zp?, all scales and zero points per tensor, a and b of one 8-bit dtype and numpy
+ * broadcasting; c = saturate(round_half_even(v) + c_zp) with, as onnxruntime's MLAS computes it in float32,
+ *   Add: v = (a - a_zp) * (a_scale / c_scale) + (b - b_zp) * (b_scale / c_scale)
+ *   Mul: v = (a - a_zp) * (b - b_zp) * (a_scale * b_scale / c_scale) */
+typedef struct krn_qbinary_params {
+    int mul;
+} krn_qbinary_params;
+
 /* Batch offset (in matrices) of a MatMul operand with batch dims bd[0..r) (padded with leading 1s, broadcast where
  * 1) for output batch index bi over the output's batch dims yd[0..r). Shared by the reference and oneDNN paths. */
 static inline int64_t krn_q_batch_off(const int64_t *bd, const int64_t *yd, int r, int64_t bi) {

@@ -1,6 +1,6 @@
 /* quant.c - the "quant" op family: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, MatMulInteger,
- * ConvInteger, QLinearMatMul and QLinearConv (default domain, opsets 10..), the ops that onnxruntime's
- * quantize_static (QDQ and QOperator formats) and quantize_dynamic write.
+ * ConvInteger, QLinearMatMul and QLinearConv (default domain, opsets 10..), and com.microsoft's QLinearAdd and
+ * QLinearMul: the ops that onnxruntime's quantize_static (QDQ and QOperator formats) and quantize_dynamic write.
  *
  * prepare checks arity and parses attributes; infer checks every scale and zero point (dtype, and shape:
  * per tensor, or one entry per channel of the axis that op allows) and names the offending input with both its
@@ -327,6 +327,39 @@ static eng_status q_qlinear_conv_infer(eng_op_ctx *c) {
     return q_conv_geometry(c, p, 0, 3, dt);
 }
 
+/* ---------------------------------------------------------------- com.microsoft QLinearAdd / QLinearMul */
+
+static eng_status q_binary_prepare(eng_op_ctx *c) {
+    ENG_TRY(eng_op_check_arity(c, 7, 8));
+    krn_qbinary_params *p = calloc(1, sizeof *p);
+    if (!p) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "QLinear binary params");
+    p->mul = strcmp(c->node->op_type, "QLinearMul") == 0;
+    c->params = p;
+    return ENG_STATUS_OK;
+}
+
+static eng_status q_binary_infer(eng_op_ctx *c) {
+    static const char *spec[8] = {"A", "A_scale", "A_zero_point", "B", "B_scale", "B_zero_point", "C_scale", "C_zero_point"};
+    ENG_TRY(q_check_8bit(c, 0, spec[0]));
+    eng_dtype dt = c->in[0].dtype;
+    if (c->in[3].dtype != dt) {
+        char nb[160];
+        return eng_err(ENG_STATUS_INVALID_MODEL, "input %s is %s but A is %s: both operands have one dtype",
+                       q_in_name(c, 3, spec[3], nb, sizeof nb), eng_dtype_name(c->in[3].dtype), eng_dtype_name(dt));
+    }
+    for (int i = 1; i < 8; i++) {
+        if (i == 3) continue;
+        int zp = i == 2 || i == 5 || i == 7;
+        ENG_TRY(q_check_param(c, i, spec[i], zp ? dt : ENG_DTYPE_F32, 0, NULL, zp));
+    }
+    const eng_tensor *ts[2] = {&c->in[0], &c->in[3]};
+    eng_tensor out = {0};
+    ENG_TRY(eng_broadcast_shapes(ts, 2, &out));
+    c->out[0] = out;
+    c->out[0].dtype = dt;
+    return ENG_STATUS_OK;
+}
+
 const eng_op_def eng_ops_quant[] = {
     {"QuantizeLinear", "", "quantize_linear", 0, q_qdq_prepare, q_quantize_infer, NULL},
     {"DequantizeLinear", "", "dequantize_linear", 0, q_qdq_prepare, q_dequantize_infer, NULL},
@@ -335,5 +368,7 @@ const eng_op_def eng_ops_quant[] = {
     {"QLinearMatMul", "", "matmul_integer", 0, q_qlinear_matmul_prepare, q_qlinear_matmul_infer, q_mm_free},
     {"ConvInteger", "", "conv_integer", 0, q_conv_integer_prepare, q_conv_integer_infer, q_conv_free},
     {"QLinearConv", "", "conv_integer", 0, q_qlinear_conv_prepare, q_qlinear_conv_infer, q_conv_free},
+    {"QLinearAdd", "com.microsoft", "qlinear_binary", 0, q_binary_prepare, q_binary_infer, NULL},
+    {"QLinearMul", "com.microsoft", "qlinear_binary", 0, q_binary_prepare, q_binary_infer, NULL},
     {NULL},
 };

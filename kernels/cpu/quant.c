@@ -302,6 +302,48 @@ void krn_cpu_quant_describe_ref(const krn_call *c, krn_impl_info *info) {
     info->slow = 1;
 }
 
+/* QLinearAdd / QLinearMul (krn-quant.h), numpy broadcasting through per-dim strides (0 where broadcast); the
+ * same-shape case (residual adds) is one flat loop. */
+static eng_status q_binary_exec(krn_call *c) {
+    const krn_qbinary_params *p = c->params;
+    const eng_tensor *a = &c->in[0], *b = &c->in[3], *y = &c->out[0];
+    const float as = q_at_f(&c->in[1], 0), bs = q_at_f(&c->in[4], 0), cs = q_at_f(&c->in[6], 0);
+    const int32_t az = c->nin > 2 ? q_at_i(&c->in[2], 0) : 0, bz = c->nin > 5 ? q_at_i(&c->in[5], 0) : 0;
+    const int32_t cz = c->nin > 7 ? q_at_i(&c->in[7], 0) : 0;
+    const float ra = as / cs, rb = bs / cs, rm = as * bs / cs;
+    int32_t lo, hi;
+    q_range(y->dtype, &lo, &hi);
+    int s8 = y->dtype == ENG_DTYPE_I8, r = y->ndim;
+    int64_t n = eng_tensor_numel(y), sa[ENG_MAX_DIMS], sb[ENG_MAX_DIMS], idx[ENG_MAX_DIMS] = {0};
+    int64_t st_a = 1, st_b = 1;
+    for (int d = r - 1; d >= 0; d--) { /* strides of a and b in y's coordinates */
+        int da = d - (r - a->ndim), db = d - (r - b->ndim);
+        int64_t ea = da >= 0 ? a->dims[da] : 1, eb = db >= 0 ? b->dims[db] : 1;
+        sa[d] = ea == 1 ? 0 : st_a, sb[d] = eb == 1 ? 0 : st_b;
+        st_a *= ea, st_b *= eb;
+    }
+    int flat = eng_shape_equal(a, y) && eng_shape_equal(b, y);
+    int64_t oa = 0, ob = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t ia = flat ? i : oa, ib = flat ? i : ob;
+        int32_t va = s8 ? ((const int8_t *)a->data)[ia] : ((const uint8_t *)a->data)[ia];
+        int32_t vb = s8 ? ((const int8_t *)b->data)[ib] : ((const uint8_t *)b->data)[ib];
+        float v = p->mul ? (float)((va - az) * (vb - bz)) * rm : (float)(va - az) * ra + (float)(vb - bz) * rb;
+        int32_t q = (int32_t)nearbyintf(v) + cz;
+        q = q < lo ? lo : q > hi ? hi : q;
+        if (s8) ((int8_t *)y->data)[i] = (int8_t)q;
+        else ((uint8_t *)y->data)[i] = (uint8_t)q;
+        if (!flat)
+            for (int d = r - 1; d >= 0; d--) {
+                oa += sa[d], ob += sb[d];
+                if (++idx[d] < y->dims[d]) break;
+                oa -= sa[d] * idx[d], ob -= sb[d] * idx[d];
+                idx[d] = 0;
+            }
+    }
+    return ENG_STATUS_OK;
+}
+
 eng_status krn_cpu_qmatmul_init(krn_call *c);
 eng_status krn_cpu_qmatmul_exec(krn_call *c);
 eng_status krn_cpu_qconv_init(krn_call *c);
@@ -317,5 +359,6 @@ const krn_kernel krn_cpu_quant_kernels[] = {
     {"conv_integer", krn_cpu_qconv_init, krn_cpu_qconv_exec, krn_cpu_qdnnl_free, krn_cpu_qdnnl_describe},
     {"matmul_integer_ref", NULL, krn_cpu_qmatmul_ref, NULL, krn_cpu_quant_describe_ref},
     {"conv_integer_ref", NULL, krn_cpu_qconv_ref, NULL, krn_cpu_quant_describe_ref},
+    {"qlinear_binary", NULL, q_binary_exec, NULL, NULL},
     {NULL},
 };

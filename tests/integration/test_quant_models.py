@@ -5,8 +5,9 @@
                             MatMulInteger, ConvInteger), quantize_static in QDQ format (QuantizeLinear/DequantizeLinear,
                             per tensor and per channel), and quantize_static in QOperator format on models whose
                             QOperator form uses only default-domain ops (QLinearMatMul, QLinearConv).
-  test_qoperator_contrib_op quantize_static QOperator on a model with a bias Add: onnxruntime writes com.microsoft's
-                            QLinearAdd, which tensord does not implement; the run must end in a clean error naming it.
+  test_qoperator_contrib_ops quantize_static QOperator on models with bias / residual Adds and a Mul: onnxruntime
+                            writes com.microsoft's QLinearAdd and QLinearMul, which run and agree with onnxruntime;
+                            another com.microsoft op ends in a clean error naming it.
 
 Tolerance: one quantization step of the output. Both runtimes do the same integer arithmetic, but the float ops
 between a DequantizeLinear and the next QuantizeLinear (oneDNN vs MLAS summation order) can put a value that lies
@@ -154,10 +155,40 @@ def test_quantized_model(tensord, tmp_path, arch, how, ops):
     assert err <= step * (1 + 1e-5), f"max |tensord - ort| = {err:.6g} > one output step {step:.6g}"
 
 
-def test_qoperator_contrib_op(tensord, tmp_path):
-    model, shape = mlp(True)
+def residual():
+    """x [N,16] -> MatMul 16x16 -> Relu -> + x (QLinearAdd) -> * x (QLinearMul) -> + b[16] (broadcast) -> y."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("Add", ["r", "x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["p"]),
+             helper.make_node("Add", ["p", "b"], ["y"])]
+    return make(nodes, [("x", ["N", 16])], [("y", ["N", 16])],
+                [("W", randn((16, 16), 3, 0.3)), ("b", randn((16,), 4, 0.5))]), (6, 16)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "residual"])
+def test_qoperator_contrib_ops(tensord, tmp_path, arch):
+    """QuantFormat.QOperator writes com.microsoft QLinearAdd (bias and residual adds, broadcasting ones too) and
+    QLinearMul: they run, within one output step of onnxruntime."""
+    model, shape = mlp(True) if arch == "mlp" else residual()
     q = quantize(tmp_path, model, shape, "static-qop-per-tensor")
-    contrib = {(n.domain, n.op_type) for n in q.graph.node if n.domain not in ("", "ai.onnx")}
-    assert ("com.microsoft", "QLinearAdd") in contrib, f"expected QLinearAdd among {sorted(contrib)}"
-    res = tensord.predict(tensord.save_model(q), {"x": randn(shape, 7)})
-    assert_clean_error(res, "QLinearAdd", "com.microsoft", "not supported")
+    contrib = {n.op_type for n in q.graph.node if n.domain == "com.microsoft"}
+    want_ops = {"QLinearAdd"} if arch == "mlp" else {"QLinearAdd", "QLinearMul"}
+    assert want_ops <= contrib, f"expected {want_ops} among {sorted(contrib)}"
+    feeds = {"x": randn(shape, 7)}
+    res = tensord.predict(tensord.save_model(q), feeds, threads=2)
+    assert_no_crash(res)
+    assert res.returncode == 0, f"tensord predict failed\n{res.describe()}"
+    want = ort_run(q, feeds)["y"]
+    got = res.outputs["y"]
+    step = output_step(q, want)
+    err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+    assert err <= step * (1 + 1e-5), f"max |tensord - ort| = {err:.6g} > one output step {step:.6g}"
+
+
+def test_unknown_contrib_op_is_a_clean_error(tensord, tmp_path):
+    model, shape = mlp(False)
+    g = model.graph
+    g.initializer.extend([numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+                          numpy_helper.from_array(np.array(0, np.uint8), "z")])
+    g.node.append(helper.make_node("QLinearSigmoid", ["y", "s", "z", "s", "z"], ["y2"], domain="com.microsoft"))
+    res = tensord.predict(tensord.save_model(model), {"x": randn(shape, 7)})
+    assert_clean_error(res, "QLinearSigmoid", "com.microsoft", "not supported")
