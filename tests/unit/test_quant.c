@@ -241,3 +241,40 @@ Test(quant, conv_integer_weight_zero_point_shape) {
     expect_error(qrun_node(&r, "ConvInteger", c, 4, 1, NULL, 0), ENG_STATUS_INVALID_ARGUMENT, want, 3);
     qrun_free(&r);
 }
+
+/* The vectorised QuantizeLinear (16 lanes, threads over 64 Ki chunks) against the formula, element by element,
+ * on a long tensor: exact ties (even rounding), NaN -> zero point, +-inf and huge values saturating, uint8 with a
+ * zero point and int8; lengths that leave a scalar tail. */
+Test(quant, quantize_vector_path_matches_the_formula) {
+    const int64_t n = 70001;
+    float *x = malloc((size_t)n * sizeof *x);
+    const float sc = 0.25f;
+    for (int64_t i = 0; i < n; i++) {
+        switch (i % 7) {
+        case 0: x[i] = ((float)(i % 600) - 300.5f) * sc; break; /* an exact tie */
+        case 1: x[i] = NAN; break;
+        case 2: x[i] = (i & 8) ? INFINITY : -INFINITY; break;
+        case 3: x[i] = (i & 16) ? 3e38f : -1e30f; break;
+        default: x[i] = (float)(i % 1000) * 0.0173f - 9.0f;
+        }
+    }
+    for (int s8 = 0; s8 <= 1; s8++) {
+        uint8_t zu = 7;
+        int8_t zi = -3;
+        float scale = sc;
+        qin ins[3] = {{"x", ENG_DTYPE_F32, 1, {n}, x, 0},
+                      {"s", ENG_DTYPE_F32, 0, {0}, &scale, 1},
+                      {"z", s8 ? ENG_DTYPE_I8 : ENG_DTYPE_U8, 0, {0}, s8 ? (const void *)&zi : (const void *)&zu, 1}};
+        qrun r;
+        cr_assert_eq(qrun_node(&r, "QuantizeLinear", ins, 3, 1, NULL, 0), ENG_STATUS_OK, "%s", eng_last_error());
+        int32_t zp = s8 ? zi : zu, lo = s8 ? -128 : 0, hi = s8 ? 127 : 255;
+        for (int64_t i = 0; i < n; i++) {
+            double v = (double)(x[i] / sc);
+            int32_t want = v != v ? zp : (int32_t)fmax(lo, fmin(hi, nearbyint(v) + zp));
+            int32_t got = s8 ? ((const int8_t *)r.out[0].data)[i] : ((const uint8_t *)r.out[0].data)[i];
+            cr_assert_eq(got, want, "%s element %lld: x %g -> %d, want %d", s8 ? "int8" : "uint8", (long long)i, x[i], got, want);
+        }
+        qrun_free(&r);
+    }
+    free(x);
+}
