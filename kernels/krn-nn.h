@@ -68,6 +68,10 @@ typedef enum krn_nn_layout {
      * for C % 16 != 0 activations that only convs read, so 24- or 40-channel stages between nChw16c ones need no
      * conversion. Its buffer holds N * ceil16(C) * H * W floats (krn_nn_padded_numel); only conv kernels see it. */
     KRN_NN_LAYOUT_BLOCKED16_PADDED = 2,
+    /* channels last (NHWC), for 8-bit activations that only QLinearConv / QLinearAdd read and write (the int8
+     * layout pass in engine/plan/fuse-qdq.c): oneDNN's int8 convs run channels last, so chains of them need no
+     * conversion. Same byte count as NCHW. */
+    KRN_NN_LAYOUT_NHWC = 3,
 } krn_nn_layout;
 
 /* Elements a 4-D activation of logical dims [N, C, H, W] occupies in KRN_NN_LAYOUT_BLOCKED16_PADDED. */

@@ -338,6 +338,9 @@ static eng_status q_binary_prepare(eng_op_ctx *c) {
     return ENG_STATUS_OK;
 }
 
+/* The int8 layout pass (fuse-qdq.c) marks with nhwc = 1 a QLinearAdd whose operands it stores channels last. */
+static int q_binary_nhwc(const eng_op_ctx *c) { return c->node && eng_node_attr_int(c->node, "nhwc", 0) != 0; }
+
 static eng_status q_binary_infer(eng_op_ctx *c) {
     static const char *spec[8] = {"A", "A_scale", "A_zero_point", "B", "B_scale", "B_zero_point", "C_scale", "C_zero_point"};
     ENG_TRY(q_check_8bit(c, 0, spec[0]));
@@ -351,6 +354,13 @@ static eng_status q_binary_infer(eng_op_ctx *c) {
         if (i == 3) continue;
         int zp = i == 2 || i == 5 || i == 7;
         ENG_TRY(q_check_param(c, i, spec[i], zp ? dt : ENG_DTYPE_F32, 0, NULL, zp));
+    }
+    if (q_binary_nhwc(c) && !eng_shape_equal(&c->in[0], &c->in[3])) {
+        char s1[96], s2[96];
+        return eng_err(ENG_STATUS_UNSUPPORTED, "A %s and B %s differ, but the int8 layout pass stored them channels last, "
+                       "where broadcasting cannot run (TENSORD_NO_INT8_NHWC=1 turns that pass off)",
+                       eng_shape_str(c->in[0].dims, c->in[0].ndim, s1, sizeof s1),
+                       eng_shape_str(c->in[3].dims, c->in[3].ndim, s2, sizeof s2));
     }
     const eng_tensor *ts[2] = {&c->in[0], &c->in[3]};
     eng_tensor out = {0};

@@ -17,8 +17,8 @@
  *      round_half_even(b / (x_s * w_s[m])) in int32 (the int32 of a bias DQ is taken as is when its scale is
  *      bitwise x_s * w_s[m] and its zero point 0); that moves y by at most x_s*w_s[m]/2, so it is taken only when
  *      x_s*w_s[m] <= y_s/2 (total drift < y_s/4 plus float rounding: at most one step). oneDNN requantizes in
- *      float32, exact while the accumulator stays below 2^24 (quant-dnnl.c): the rewrite requires
- *      sum_k |w_q - w_zp| * max|x| < 2^24 for every output channel (x over its dtype's whole range). MatMul
+ *      float32: an int32 accumulator beyond 2^24 is rounded by at most |acc| 2^-24, which the multiplier makes
+ *      at most 256 * 2^-24 of an output step, so that too stays within the one step. MatMul
  *      (no bias input in QLinearMatMul) takes only the bare MatMul -> [Relu ->] Q form.
  *   2. every other candidate (no Q after it, a Relu that Q does not absorb, a refused bias or accumulator bound)
  *      => ConvInteger/MatMulInteger(x_q, w_q, x_zp, w_zp) -> Cast(float) -> Mul(x_s * w_s) [-> Add(bias)],
@@ -27,7 +27,8 @@
  * Gemm (a dense layer: alpha = beta = 1, transA = 0, B = DQ of a 2-D constant, per channel along its output
  * axis: 1, or 0 when transB = 1) is a MatMul candidate with Conv's bias rules: transB's weights are transposed
  * once into a new [K, N] initializer; with a bias it takes form 2 (QLinearMatMul has no bias input).
- * Everything else is left alone.
+ * An Add of two DQ outputs followed by Q becomes com.microsoft QLinearAdd (qz_add_candidate). Everything else is
+ * left alone.
  *
  * Invariants: graph inputs, outputs and node names are kept (new nodes are named after the node they replace,
  * with a suffix); the values that consumers read keep their index; a DequantizeLinear is removed only when no
@@ -113,16 +114,17 @@ static int qz_only_candidates(const qz_ctx *c, int v) {
         const eng_node *n = &g->nodes[i];
         for (int k = 0; k < n->nin; k++) {
             if (n->inputs[k] != v) continue;
-            if (!(fz_is_op(n, "Conv") || fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm")) || k > 1) return 0;
+            if (!(fz_is_op(n, "Conv") || fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm") || fz_is_op(n, "Add")) || k > 1)
+                return 0;
             direct++;
         }
     }
     return fz_uses(&c->z, v) == direct;
 }
 
-/* Append a node placed after original node `after`; returns its index or -1 (out of memory). */
-static int qz_add_node(qz_ctx *c, const char *base, const char *suffix, const char *op, const int *in, int nin, int out,
-                       int after) {
+/* Append a node (domain "" or dom) placed after original node `after`; returns its index or -1 (out of memory). */
+static int qz_add_node_in(qz_ctx *c, const char *base, const char *suffix, const char *op, const char *dom, const int *in,
+                          int nin, int out, int after) {
     eng_graph *g = c->z.g;
     if (g->nnodes + 1 > c->cap) {
         int cap = c->cap * 2 + 8;
@@ -136,11 +138,16 @@ static int qz_add_node(qz_ctx *c, const char *base, const char *suffix, const ch
     }
     char name[512];
     snprintf(name, sizeof name, "%s%s", base, suffix);
-    int k = eng_graph_add_node(g, name, op, "", in, nin, &out, 1);
+    int k = eng_graph_add_node(g, name, op, dom, in, nin, &out, 1);
     if (k < 0) return -1;
     c->z.dead[k] = 0;
     c->anchor[k] = after;
     return k;
+}
+
+static int qz_add_node(qz_ctx *c, const char *base, const char *suffix, const char *op, const int *in, int nin, int out,
+                       int after) {
+    return qz_add_node_in(c, base, suffix, op, "", in, nin, out, after);
 }
 
 /* A new value named <base><suffix>[k]; with t (eng_alloc'd data, taken) as its initializer when t != NULL. */
@@ -254,7 +261,7 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
     if (conv ? w.qt->ndim < 3 : w.qt->ndim != 2) return ENG_STATUS_OK;
     if (!qz_only_candidates(c, n->inputs[0]) || !qz_only_candidates(c, n->inputs[1])) return ENG_STATUS_OK;
     const int mfirst = conv || trans_b; /* weights stored output-channel first: [M, K...] */
-    int64_t M = w.qt->dims[mfirst ? 0 : 1], K = eng_tensor_numel(w.qt) / (M ? M : 1);
+    int64_t M = w.qt->dims[mfirst ? 0 : 1];
     if (M <= 0 || (w.per != 1 && w.per != M)) return ENG_STATUS_OK;
     int bin = (conv || kind == QZ_GEMM) && n->nin > 2 ? n->inputs[2] : -1, bdq = -1;
     float *bias = NULL;
@@ -263,7 +270,6 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
     if (bin >= 0 && !qz_bias(c, bin, M, &bias, &bq, &bqs, &bdq)) return ENG_STATUS_OK;
 
     const float xs = ((const float *)x.st->data)[0];
-    const int32_t xz = qz_get_int(x.zt, 0);
     float *sc = malloc((size_t)M * sizeof(float)); /* x_s * w_s[m], float32 as QLinear ops compute it */
     if (!sc) {
         free(bias);
@@ -290,20 +296,6 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
     }
     if (qlinear && relu >= 0) qlinear = qz_get_int(yz, 0) == (yz->dtype == ENG_DTYPE_U8 ? 0 : -128);
     if (qlinear && (!conv && bin >= 0)) qlinear = 0;
-    if (qlinear) { /* accumulator bound: oneDNN's float32 requantization is exact below 2^24 */
-        double xmax = x.dt == ENG_DTYPE_U8 ? 255.0 : 128.0;
-        double xd = fmax(fabs((double)(x.dt == ENG_DTYPE_U8 ? 0 : -128) - xz), fabs((x.dt == ENG_DTYPE_U8 ? 255.0 : 127.0) - xz));
-        xmax = fmax(xmax, xd);
-        for (int64_t m = 0; m < M && qlinear; m++) {
-            double s = 0;
-            int32_t wz = qz_get_int(w.zt, w.per == 1 ? 0 : m);
-            for (int64_t k = 0; k < K; k++) {
-                int64_t idx = mfirst ? m * K + k : k * M + m;
-                s += fabs((double)qz_get_int(w.qt, idx) - wz);
-            }
-            if (s * xmax >= 16777216.0) qlinear = 0;
-        }
-    }
     const float yscale = qlinear ? ((const float *)ys->data)[0] : 0.f;
     if (qlinear && bias)
         for (int64_t m = 0; m < M && qlinear; m++) {
@@ -378,6 +370,42 @@ done:
     return st;
 }
 
+/* Add(DQ(a), DQ(b)) [-> Relu] -> Q, every scale and zero point per tensor and one 8-bit dtype throughout =>
+ * com.microsoft QLinearAdd(a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp) writing Q's output (a residual connection in
+ * int8, as onnxruntime's QDQ transformer makes it). Relu folds only where Q's zero point is its type's minimum (Q
+ * then saturates what Relu would clamp). QLinearAdd rescales in float32 as MLAS does: a few ulps from the float
+ * graph's DQ -> Add -> Q, so within one output step. */
+static eng_status qz_add_candidate(qz_ctx *c, int i) {
+    eng_graph *g = c->z.g;
+    const eng_node *n = &g->nodes[i];
+    if (!fz_one_output(n) || n->nin != 2) return ENG_STATUS_OK;
+    qz_dq a, b;
+    if (!qz_match_dq(c, n->inputs[0], 0, 0, 0, &a) || a.per != 1 || !qz_int8(a.dt)) return ENG_STATUS_OK;
+    if (!qz_match_dq(c, n->inputs[1], 0, 0, 0, &b) || b.per != 1 || b.dt != a.dt) return ENG_STATUS_OK;
+    int y = n->outputs[0], relu = -1, q = fz_sole_consumer(&c->z, y);
+    if (q >= 0 && fz_is_op(&g->nodes[q], "Relu") && fz_one_output(&g->nodes[q]) && g->nodes[q].inputs[0] == y) {
+        relu = q;
+        q = fz_sole_consumer(&c->z, g->nodes[relu].outputs[0]);
+    }
+    if (q < 0 || !fz_is_op(&g->nodes[q], "QuantizeLinear") || !fz_one_output(&g->nodes[q]) || g->nodes[q].nin != 3)
+        return ENG_STATUS_OK;
+    const eng_tensor *ys = fz_const_f32(g, g->nodes[q].inputs[1]), *yz = qz_const(g, g->nodes[q].inputs[2]);
+    if (!ys || !yz || eng_tensor_numel(ys) != 1 || eng_tensor_numel(yz) != 1 || yz->dtype != a.dt ||
+        !(((const float *)ys->data)[0] > 0.f) || eng_node_attr_int(&g->nodes[q], "block_size", 0) != 0)
+        return ENG_STATUS_OK;
+    if (relu >= 0 && qz_get_int(yz, 0) != (yz->dtype == ENG_DTYPE_U8 ? 0 : -128)) return ENG_STATUS_OK;
+    char base[400];
+    snprintf(base, sizeof base, "%s", n->name[0] ? n->name : g->values[y].name);
+    int in[8] = {a.q, a.s, a.zp, b.q, b.s, b.zp, g->nodes[q].inputs[1], g->nodes[q].inputs[2]};
+    int out = g->nodes[q].outputs[0];
+    if (qz_add_node_in(c, base, "_qlinear", "QLinearAdd", "com.microsoft", in, 8, out, q) < 0)
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "QDQ fusion of node '%s'", base);
+    c->z.dead[i] = c->z.dead[q] = 1;
+    if (relu >= 0) c->z.dead[relu] = 1;
+    c->z.changed = 1;
+    return ENG_STATUS_OK;
+}
+
 /* Put the live nodes in order (each new node right after its anchor), release the dead, recompute producers. */
 static eng_status qz_finish(qz_ctx *c) {
     eng_graph *g = c->z.g;
@@ -402,13 +430,79 @@ static eng_status qz_finish(qz_ctx *c) {
     return ENG_STATUS_OK;
 }
 
+/* ---- the int8 layout pass: channels last between int8 convs ----
+ * A value is stored NHWC when its producer is a QLinearConv with 4-D weights or a QLinearAdd, every reader is
+ * such a QLinearConv (its X) or a QLinearAdd (A or B), and it is no graph output; the inputs and output of one
+ * QLinearAdd (elementwise: layout-blind only when all three share one) are NHWC together or not at all. Convs
+ * then read and write channels last with no conversion; a QLinearAdd so marked gets nhwc = 1, and its plan-time
+ * check refuses operands of different shapes (broadcasting needs the logical layout). */
+static int qz_is_qconv4(const eng_graph *g, const eng_node *n) {
+    if (strcmp(n->op_type, "QLinearConv") || n->domain[0] || n->nin < 8 || n->inputs[3] < 0) return 0;
+    const eng_value *w = &g->values[n->inputs[3]];
+    return w->init ? w->init->ndim == 4 : w->ndim == 4;
+}
+
+static int qz_is_qadd(const eng_node *n) {
+    return !strcmp(n->op_type, "QLinearAdd") && !strcmp(n->domain, "com.microsoft") && n->nout == 1;
+}
+
+static eng_status qz_int8_layouts(eng_graph *g) {
+    if (getenv("TENSORD_NO_INT8_NHWC")) return ENG_STATUS_OK;
+    char *ok = calloc((size_t)g->nvalues + 1, 1);
+    if (!ok) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "int8 layout pass");
+    for (int i = 0; i < g->nnodes; i++) {
+        const eng_node *n = &g->nodes[i];
+        if ((qz_is_qconv4(g, n) || qz_is_qadd(n)) && n->outputs[0] >= 0) ok[n->outputs[0]] = 1;
+    }
+    for (int o = 0; o < g->noutputs; o++) ok[g->outputs[o]] = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const eng_node *n = &g->nodes[i];
+        for (int k = 0; k < n->nin; k++) {
+            int v = n->inputs[k];
+            if (v < 0 || !ok[v]) continue;
+            if (!((qz_is_qconv4(g, n) && k == 0) || (qz_is_qadd(n) && (k == 0 || k == 3)))) ok[v] = 0;
+        }
+        /* subgraphs reading it would see the wrong layout: conservative, any subgraph attribute clears all */
+        for (int a = 0; a < n->nattr; a++)
+            if (n->attrs[a].g) memset(ok, 0, (size_t)g->nvalues);
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < g->nnodes; i++) {
+            const eng_node *n = &g->nodes[i];
+            if (!qz_is_qadd(n)) continue;
+            int a = n->inputs[0], b = n->inputs[3], y = n->outputs[0];
+            int all = a >= 0 && b >= 0 && y >= 0 && ok[a] && ok[b] && ok[y];
+            if (!all && ((a >= 0 && ok[a]) || (b >= 0 && ok[b]) || (y >= 0 && ok[y]))) {
+                if (a >= 0) ok[a] = 0;
+                if (b >= 0) ok[b] = 0;
+                if (y >= 0) ok[y] = 0;
+                changed = 1;
+            }
+        }
+    }
+    eng_status st = ENG_STATUS_OK;
+    for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
+        const eng_node *n = &g->nodes[i];
+        if (qz_is_qconv4(g, n)) {
+            if (ok[n->inputs[0]]) st = fz_add_attr_int(g, i, "x_layout", KRN_NN_LAYOUT_NHWC);
+            if (st == ENG_STATUS_OK && n->outputs[0] >= 0 && ok[n->outputs[0]])
+                st = fz_add_attr_int(g, i, "y_layout", KRN_NN_LAYOUT_NHWC);
+        } else if (qz_is_qadd(n) && ok[n->outputs[0]]) {
+            st = fz_add_attr_int(g, i, "nhwc", 1);
+        }
+    }
+    free(ok);
+    return st;
+}
+
 eng_status eng_graph_fuse_qdq(eng_graph *g) {
     if (!g || g->nnodes == 0) return ENG_STATUS_OK;
     const char *off = getenv("TENSORD_NO_QDQ_FUSE");
     if (off && *off && strcmp(off, "0")) return ENG_STATUS_OK;
     int has = 0;
     for (int i = 0; i < g->nnodes && !has; i++) has = fz_is_op(&g->nodes[i], "DequantizeLinear");
-    if (!has) return ENG_STATUS_OK;
+    if (!has) return qz_int8_layouts(g); /* QOperator models: their QLinearConvs chain too */
     qz_ctx c = {{g, calloc((size_t)g->nnodes, 1), 0}, malloc((size_t)g->nnodes * sizeof(int)), g->nnodes, g->nnodes};
     if (!c.z.dead || !c.anchor) {
         free(c.z.dead);
@@ -427,6 +521,7 @@ eng_status eng_graph_fuse_qdq(eng_graph *g) {
         if (fz_is_op(n, "Conv")) st = qz_candidate(&c, i, QZ_CONV);
         else if (fz_is_op(n, "MatMul")) st = qz_candidate(&c, i, QZ_MATMUL);
         else if (fz_is_op(n, "Gemm")) st = qz_candidate(&c, i, QZ_GEMM);
+        else if (fz_is_op(n, "Add")) st = qz_add_candidate(&c, i);
     }
     /* DequantizeLinear nodes left without a use (repeat: none feeds another, but stay general) */
     for (int again = 1; again && c.z.changed;) {
@@ -438,6 +533,7 @@ eng_status eng_graph_fuse_qdq(eng_graph *g) {
     }
     eng_status fst = c.z.changed || g->nnodes != c.norig ? qz_finish(&c) : ENG_STATUS_OK;
     if (st == ENG_STATUS_OK) st = fst;
+    if (st == ENG_STATUS_OK) st = qz_int8_layouts(g);
     free(c.z.dead);
     free(c.anchor);
     return st;

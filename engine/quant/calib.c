@@ -46,12 +46,39 @@ static int is_activation(const eng_graph *g, int v) {
            (g->values[v].dtype == ENG_DTYPE_F32 || g->values[v].dtype == ENG_DTYPE_UNDEFINED);
 }
 
+/* An Add of two float activations (a residual connection): quantized only where its result, after an optional
+ * Relu, feeds quantized nodes alone (eng_quant_select), so that the load-time fusion makes it one int8 add. */
+static int is_act_add(const eng_graph *g, const eng_node *n) {
+    return !n->domain[0] && strcmp(n->op_type, "Add") == 0 && n->nin == 2 && n->nout == 1 &&
+           is_activation(g, n->inputs[0]) && is_activation(g, n->inputs[1]) && n->inputs[0] != n->inputs[1];
+}
+
+/* 1 if some node reads value v as a quantized input of a taken node (a Conv's or Gemm's input 0, a MatMul's 0 or
+ * 1, an Add's either), or, with relu_ok, v feeds a Relu whose result is so read: then v's quantized form exists
+ * anyway (every reader of a quantized activation reads its DequantizeLinear, as in onnxruntime's QDQ models), so
+ * an Add producing v can run in int8. */
+static int feeds_quantized(const eng_graph *g, const char *take, int v, int relu_ok) {
+    for (int j = 0; j < g->nnodes; j++) {
+        const eng_node *r = &g->nodes[j];
+        for (int k = 0; k < r->nin; k++) {
+            if (r->inputs[k] != v) continue;
+            if (relu_ok && !r->domain[0] && !strcmp(r->op_type, "Relu") && r->nout == 1 &&
+                feeds_quantized(g, take, r->outputs[0], 0))
+                return 1;
+            if (take[j] && (k == 0 || (k == 1 && (!strcmp(r->op_type, "MatMul") || is_act_add(g, r))))) return 1;
+        }
+    }
+    return 0;
+}
+
 /* A default-domain Conv, Gemm or MatMul whose first input is a float activation; Conv and Gemm need a float
- * initializer as weight; a MatMul's second input is a weight (initializer) or a second activation. */
+ * initializer as weight; a MatMul's second input is a weight (initializer) or a second activation. Adds of two
+ * activations are candidates too (is_act_add). */
 static int quantizable(const eng_graph *g, const eng_node *n) {
     if (n->domain[0] || n->nin < 2) return 0;
     int conv = strcmp(n->op_type, "Conv") == 0, gemm = strcmp(n->op_type, "Gemm") == 0;
     int mm = strcmp(n->op_type, "MatMul") == 0;
+    if (is_act_add(g, n)) return 1;
     if (!conv && !gemm && !mm) return 0;
     if (!is_activation(g, n->inputs[0])) return 0;
     if (mm) return is_float_init(g, n->inputs[1]) || is_activation(g, n->inputs[1]);
@@ -76,16 +103,28 @@ eng_status eng_quant_select(const eng_graph *g, const char *what, const eng_quan
     p->nodes = calloc((size_t)g->nnodes + 1, sizeof *p->nodes);
     p->excluded = calloc((size_t)g->nnodes + 1, sizeof *p->excluded);
     p->acts = calloc((size_t)g->nnodes * 2 + 1, sizeof *p->acts);
-    if (!p->nodes || !p->excluded || !p->acts) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    char *take = calloc((size_t)g->nnodes + 1, 1);
+    if (!p->nodes || !p->excluded || !p->acts || !take) {
+        free(take);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
     for (int i = 0; i < g->nnodes; i++) {
         const eng_node *n = &g->nodes[i];
-        if (!quantizable(g, n)) continue;
         int ex = 0;
         for (int e = 0; e < o->nexclude && !ex; e++) ex = strcmp(n->name, o->exclude[e]) == 0;
-        if (ex) {
-            p->excluded[p->nexcluded++] = i;
-            continue;
-        }
+        take[i] = quantizable(g, n) && !ex;
+        if (quantizable(g, n) && ex) p->excluded[p->nexcluded++] = i;
+    }
+    /* Adds keep their place only while something takes their result (through a Relu) as a quantized input */
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < g->nnodes; i++)
+            if (take[i] && is_act_add(g, &g->nodes[i]) && !feeds_quantized(g, take, g->nodes[i].outputs[0], 1))
+                take[i] = 0, changed = 1;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const eng_node *n = &g->nodes[i];
+        if (!take[i]) continue;
         p->nodes[p->nnodes++] = i;
         for (int s = 0; s < 2; s++) {
             int v = n->inputs[s];
@@ -95,6 +134,7 @@ eng_status eng_quant_select(const eng_graph *g, const char *what, const eng_quan
             if (!dup) p->acts[p->nacts++].value = v;
         }
     }
+    free(take);
     if (p->nnodes == 0 && p->nexcluded == 0)
         return eng_err(ENG_STATUS_INVALID_ARGUMENT,
                        "%s has no Conv, MatMul or Gemm node with a float activation input to quantize", what);

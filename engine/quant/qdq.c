@@ -200,9 +200,12 @@ eng_status eng_quant_rewrite(const eng_graph *g, const eng_quant_plan *p, const 
         deq[p->acts[a].value] = q_activation(ng, &p->acts[a], p->acts[a].value);
         if (deq[p->acts[a].value] < 0) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
     }
-    for (int k = 0; st == ENG_STATUS_OK && k < p->nnodes; k++) {
-        eng_node *n = &ng->nodes[p->nodes[k]];
-        for (int s = 0; s < 2 && s < n->nin; s++)
+    /* every reader of a quantized activation (quantized or not) reads its DequantizeLinear, as in onnxruntime's QDQ
+     * models: one quantized form per tensor, so that the load-time fusion finds Q as an op's only consumer; the
+     * Q/DQ nodes themselves (appended after g's nodes) and the graph outputs keep the float value */
+    for (int i = 0; st == ENG_STATUS_OK && i < g->nnodes; i++) {
+        eng_node *n = &ng->nodes[i];
+        for (int s = 0; s < n->nin; s++)
             if (n->inputs[s] >= 0 && n->inputs[s] < g->nvalues && deq[n->inputs[s]] >= 0)
                 n->inputs[s] = deq[n->inputs[s]];
     }

@@ -8,7 +8,10 @@
  *     the KL divergence between the 2048-bin histogram of |x| and its quantized form, TensorRT's method). For
  *     percentile and entropy the range is [0, T] as uint8 when the activation was never negative (ReLU outputs,
  *     images), else [-T, T] as symmetric int8.
- *   rewrite (qdq.c): a QuantizeLinear/DequantizeLinear pair before each quantized node's activation input, and
+ *   Adds of two activations (residual connections) are quantized too where their result (through a Relu) feeds a
+ *     quantized node, so that they run as one int8 add after the load-time fusion.
+ *   rewrite (qdq.c): one QuantizeLinear/DequantizeLinear pair per quantized activation, read by all its readers
+ *     (as onnxruntime's QDQ models do), and
  *     each weight stored as an int8 initializer (symmetric, zero point 0, per output channel or per tensor)
  *     followed by a DequantizeLinear whose output keeps the weight's old name. Biases stay float32.
  *

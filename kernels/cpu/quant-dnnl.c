@@ -476,10 +476,13 @@ static eng_status qd_conv_try(krn_call *c, qd_state *s, const int8_t *wsh, int a
     ENG_TRY(qd_attr(c, s, q, 1, 4, 6, 2, 7, s->cM, 1 << 1, &attr));
     dnnl_memory_desc_t smd, smd_op, wplain, wmd_op, dmd, dmd_op, bmd;
     dnnl_convolution_desc_t cd;
-    dnnl_status_t ds = dnnl_memory_desc_init_by_tag(&smd, nd, sd, qd_dt(X->dtype), qd_plain[nd]);
-    if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&dmd, nd, dd, qd_dt(Y->dtype), qd_plain[nd]);
-    if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&smd_op, nd, sd, qd_dt(X->dtype), any_io ? dnnl_format_tag_any : qd_plain[nd]);
-    if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, qd_dt(Y->dtype), any_io ? dnnl_format_tag_any : qd_plain[nd]);
+    /* the plan's layouts: plain, or channels last where the int8 layout pass chose it (4-D only) */
+    dnnl_format_tag_t xtag = k->x_layout == KRN_NN_LAYOUT_NHWC ? dnnl_nhwc : qd_plain[nd];
+    dnnl_format_tag_t ytag = k->y_layout == KRN_NN_LAYOUT_NHWC ? dnnl_nhwc : qd_plain[nd];
+    dnnl_status_t ds = dnnl_memory_desc_init_by_tag(&smd, nd, sd, qd_dt(X->dtype), xtag);
+    if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&dmd, nd, dd, qd_dt(Y->dtype), ytag);
+    if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&smd_op, nd, sd, qd_dt(X->dtype), any_io ? dnnl_format_tag_any : xtag);
+    if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, qd_dt(Y->dtype), any_io ? dnnl_format_tag_any : ytag);
     if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&wplain, wnd, wd, dnnl_s8, qd_plain[wnd]);
     if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&wmd_op, wnd, wd, dnnl_s8, dnnl_format_tag_any);
     if (ds == dnnl_success) ds = dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_s32, dnnl_a);
@@ -531,7 +534,8 @@ static eng_status qd_conv_build(krn_call *c, qd_state *s) {
     int nsp = k->nspatial;
     if (nsp < 1 || nsp > 3 || X->ndim != nsp + 2 || W->ndim != nsp + 2 || Y->ndim != nsp + 2 || k->transposed)
         return eng_err(ENG_STATUS_UNSUPPORTED, "conv ranks");
-    if (k->x_layout || k->y_layout || k->has_residual || k->pool || k->dw_stride || k->act.kind)
+    int nhwc_ok = (!k->x_layout || k->x_layout == KRN_NN_LAYOUT_NHWC) && (!k->y_layout || k->y_layout == KRN_NN_LAYOUT_NHWC);
+    if (!nhwc_ok || ((k->x_layout || k->y_layout) && (nsp != 2 || !q)) || k->has_residual || k->pool || k->dw_stride || k->act.kind)
         return eng_err(ENG_STATUS_UNSUPPORTED, "non-plain layout or fusion");
     if (!eng_tensor_numel(X) || !eng_tensor_numel(W) || !eng_tensor_numel(Y)) return eng_err(ENG_STATUS_UNSUPPORTED, "empty operand");
     s->cN = X->dims[0], s->cC = X->dims[1], s->cM = W->dims[0], s->cG = k->group;
@@ -595,7 +599,14 @@ eng_status krn_cpu_qconv_init(krn_call *c) {
     qd_state *s = calloc(1, sizeof *s);
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "int8 conv state");
     c->state = s;
-    if (qd_conv_build(c, s) != ENG_STATUS_OK) qd_fallback(s, "conv");
+    const krn_conv_params *k = &((const krn_qconv_params *)c->params)->conv;
+    eng_status st = qd_conv_build(c, s);
+    if (st != ENG_STATUS_OK && (k->x_layout || k->y_layout)) { /* the reference loops read only plain layouts */
+        krn_cpu_qdnnl_free(s);
+        c->state = NULL;
+        return eng_err_prefix(st, "int8 conv with channels-last activations: ");
+    }
+    if (st != ENG_STATUS_OK) qd_fallback(s, "conv");
     return ENG_STATUS_OK;
 }
 
