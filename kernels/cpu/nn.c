@@ -340,6 +340,14 @@ static int mm_compute_ok(const krn_call *c, eng_dtype dt) {
     mm_shapes sh;
     mm_shapes_get(c, &sh);
     if (sh.M <= 0 || sh.N <= 0 || sh.K <= 0) return 0;
+    /* a B that changes every run is converted every run: batched products of two activations (attention's
+     * Q K^T and P V) do not pay below 128 on a side (BERT-base's 64-wide heads ran 4x slower in bf16), and a
+     * fed weight (training) does not below 2^20 multiply-adds */
+    if (!((c->const_mask >> 1) & 1) && c->in[1].dtype == ENG_DTYPE_F32) {
+        int batched = 0;
+        for (int i = 0; i < sh.r - 2; i++) batched |= sh.b[i] != 1;
+        if (batched ? sh.M < 128 || sh.N < 128 || sh.K < 128 : (double)sh.M * sh.N * sh.K < 1048576.0) return 0;
+    }
     return !mm_gemv_fits(c, &sh);
 }
 

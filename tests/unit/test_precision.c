@@ -139,7 +139,7 @@ Test(precision, weights_fed_as_inputs_bf16) {
     eng_graph *g = eng_graph_new();
     g->opset = 17;
     const char *names[3] = {"x", "w", "m"};
-    int64_t xd[4] = {2, 8, 10, 10}, wd[4] = {16, 8, 3, 3}, md[2] = {16 * 8 * 8, 32};
+    int64_t xd[4] = {64, 8, 10, 10}, wd[4] = {16, 8, 3, 3}, md[2] = {16 * 8 * 8, 32};
     int x = eng_graph_add_value(g, "x"), w = eng_graph_add_value(g, "w"), m = eng_graph_add_value(g, "m");
     const int64_t *dims[3] = {xd, wd, md};
     int ids[3] = {x, w, m}, nd[3] = {4, 4, 2};
@@ -154,7 +154,7 @@ Test(precision, weights_fed_as_inputs_bf16) {
     int shp = eng_graph_add_value(g, "shp");
     eng_tensor *st = calloc(1, sizeof *st);
     st->dtype = ENG_DTYPE_I64, st->ndim = 1, st->dims[0] = 2, st->data = eng_alloc(16);
-    ((int64_t *)st->data)[0] = 2, ((int64_t *)st->data)[1] = -1;
+    ((int64_t *)st->data)[0] = 64, ((int64_t *)st->data)[1] = -1;
     eng_value_set_init(g, shp, st);
     eng_graph_add_node(g, "conv", "Conv", "", (int[]){x, w}, 2, &c, 1);
     eng_graph_add_node(g, "flat", "Reshape", "", (int[]){c, shp}, 2, &f, 1);
@@ -173,23 +173,22 @@ Test(precision, weights_fed_as_inputs_bf16) {
     eng_session *s = NULL;
     cr_assert_eq(eng_session_new_graph(g, &(eng_session_opts){.nthreads = 1}, &s), ENG_STATUS_OK, "%s", eng_last_error());
     eng_tensor out;
-    float ref[64];
+    float ref[64 * 32], b16[64 * 32];
     cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_FP32, 3, names, in, &out), ENG_STATUS_OK, "%s", eng_last_error());
-    cr_assert_eq(eng_tensor_numel(&out), 64);
+    cr_assert_eq(eng_tensor_numel(&out), 64 * 32);
     memcpy(ref, out.data, sizeof ref);
     cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_BF16, 3, names, in, &out), ENG_STATUS_OK, "%s", eng_last_error());
     eng_plan_stats ps;
     eng_session_last_stats(s, &ps);
     cr_assert_eq(ps.lowp_steps, 2, "conv and matmul in bf16, got %d", ps.lowp_steps);
-    double e = nmse(out.data, ref, 64);
+    double e = nmse(out.data, ref, 64 * 32);
     cr_assert(e > 0 && e < 1e-4, "nmse %.3g", e);
-    float b16[64];
     memcpy(b16, out.data, sizeof b16);
     /* new weights (x -2: exact in bf16), same plan: the conversion runs again (no stale packed copy), and the
      * answer is exactly -2 x the previous one */
     for (int64_t k = 0; k < eng_tensor_numel(&in[2]); k++) ((float *)in[2].data)[k] *= -2.0f;
     cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_BF16, 3, names, in, &out), ENG_STATUS_OK, "%s", eng_last_error());
-    for (int i = 0; i < 64; i++)
+    for (int i = 0; i < 64 * 32; i++)
         cr_assert(fabsf(((float *)out.data)[i] + 2.0f * b16[i]) <= 1e-6f * fabsf(b16[i]), "element %d: %g vs %g", i,
                   ((float *)out.data)[i], -2.0 * b16[i]);
     eng_session_free(&s);
