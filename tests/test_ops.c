@@ -78,10 +78,10 @@ static const ops_tol ops_tols[] = {
 
 /* Ops whose reduced-precision kernels must engage in at least one case wherever the precision runs.
  * ConvTranspose is not here: its kernel (kernels/cpu/nn-deconv.c) has no bf16 compute, so it stays fp32. */
-/* MatMul is not here: every MatMul of these suites multiplies two fed operands below the size where converting
- * them to bf16 on every run pays (kernels/cpu/nn.c, mm_compute_ok), so it rightly stays fp32; MatMul in bf16 is
- * checked by tests/unit/test_precision.c on models large enough. */
-static const char *const ops_must_engage[] = {"Conv", "Gemm"};
+/* The matmuls of these suites are all below the sizes where bf16 pays (kernels/cpu/nn.c, mm_compute_ok), so
+ * main() sets TENSORD_LOWP_ALL=1: kernels then take every shape they compute correctly in bf16, and the check
+ * covers them (which shapes pay is tests/unit/test_precision.c's business). */
+static const char *const ops_must_engage[] = {"Conv", "MatMul", "Gemm"};
 
 /* The backends, CPU (the reference) first. get() returns NULL and says why where a backend is absent. */
 typedef struct ops_backend {
@@ -487,6 +487,7 @@ static const char *ops_basename(const char *path) {
 #define OPS_MAX_SUITES 8
 
 int main(int argc, char **argv) {
+    setenv("TENSORD_LOWP_ALL", "1", 1); /* see ops_must_engage */
     const char *dirs[OPS_MAX_SUITES] = {0}, *expects[OPS_MAX_SUITES] = {0};
     int nsuites = 0, nexp = 0;
     const char *filter = NULL;
