@@ -11,7 +11,8 @@
  * graph output or a subgraph makes the candidate refused, whatever its other consumers).
  *
  * Rewrites (each proven within one output quantization step of the float QDQ graph, else not taken):
- *   1. Conv/MatMul -> [Relu ->] QuantizeLinear(y_s, y_zp const single)   => QLinearConv / QLinearMatMul
+ *   1. Conv/MatMul -> [Relu ->] [MaxPool (Conv) ->] QuantizeLinear(y_s, y_zp const single)   => QLinearConv /
+ *      QLinearMatMul [-> MaxPool on its uint8 output]
  *      writing Q's output value. Relu is folded only when y_zp is its dtype's minimum (uint8 0, int8 -128): then
  *      Q(v) for v < 0 is round(v/y_s) + y_zp <= y_zp, saturated to y_zp = Q(Relu(v)). A float bias becomes
  *      round_half_even(b / (x_s * w_s[m])) in int32 (the int32 of a bias DQ is taken as is when its scale is
@@ -278,13 +279,21 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
     for (int64_t m = 0; m < M; m++) sc[m] = xs * ((const float *)w.st->data)[w.per == 1 ? 0 : m];
 
     /* 1. QLinear form: output -> [Relu ->] Q */
-    int y = n->outputs[0], relu = -1, q = fz_sole_consumer(&c->z, y);
+    int y = n->outputs[0], relu = -1, pool = -1, q = fz_sole_consumer(&c->z, y);
     if (q >= 0 && fz_is_op(&g->nodes[q], "Relu") && fz_one_output(&g->nodes[q]) && g->nodes[q].inputs[0] == y) {
         relu = q;
         q = fz_sole_consumer(&c->z, g->nodes[relu].outputs[0]);
     }
+    int pre_q = relu >= 0 ? g->nodes[relu].outputs[0] : y; /* what Q (or a MaxPool before it) reads */
+    /* conv [-> Relu] -> MaxPool -> Q (a stem): Q is monotonic, so MaxPool(Q(v)) = Q(MaxPool(v)) exactly and the
+     * pool runs on the int8 conv's uint8 output */
+    if (conv && q >= 0 && fz_is_op(&g->nodes[q], "MaxPool") && g->nodes[q].nout == 1 && g->nodes[q].inputs[0] == pre_q) {
+        pool = q;
+        pre_q = g->nodes[pool].outputs[0];
+        q = fz_sole_consumer(&c->z, pre_q);
+    }
     int qlinear = q >= 0 && fz_is_op(&g->nodes[q], "QuantizeLinear") && fz_one_output(&g->nodes[q]) &&
-                  g->nodes[q].nin == 3 && g->nodes[q].inputs[0] == (relu >= 0 ? g->nodes[relu].outputs[0] : y);
+                  g->nodes[q].nin == 3 && g->nodes[q].inputs[0] == pre_q;
     const eng_tensor *ys = NULL, *yz = NULL;
     if (qlinear) {
         ys = fz_const_f32(g, g->nodes[q].inputs[1]);
@@ -320,10 +329,17 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
             if ((bv = qz_add_value(c, base, "_qdq_bias_i32", ENG_DTYPE_I32, t)) < 0) goto oom;
         }
         int in[9] = {x.q, x.s, x.zp, w.q, w.s, w.zp, g->nodes[q].inputs[1], g->nodes[q].inputs[2], bv};
+        int cout = out;
+        if (pool >= 0 && (cout = qz_add_value(c, base, "_qlinear_out", yz->dtype, NULL)) < 0) goto oom;
         int k = qz_add_node(c, base, "_qlinear", conv ? "QLinearConv" : "QLinearMatMul", in,
-                            bv >= 0 ? 9 : 8, out, last);
+                            bv >= 0 ? 9 : 8, cout, last);
         if (k < 0) goto oom;
         if (conv && qz_copy_attrs(g, i, k) != ENG_STATUS_OK) goto oom;
+        if (pool >= 0) {
+            int kp = qz_add_node(c, base, "_maxpool", "MaxPool", &cout, 1, out, last);
+            if (kp < 0 || qz_copy_attrs(g, pool, kp) != ENG_STATUS_OK) goto oom;
+            c->z.dead[pool] = 1;
+        }
         c->z.dead[i] = c->z.dead[q] = 1;
         if (relu >= 0) c->z.dead[relu] = 1;
     } else {
@@ -431,9 +447,10 @@ static eng_status qz_finish(qz_ctx *c) {
 }
 
 /* ---- the int8 layout pass: channels last between int8 convs ----
- * A value is stored NHWC when its producer is a QLinearConv with 4-D weights or a QLinearAdd, every reader is
- * such a QLinearConv (its X) or a QLinearAdd (A or B), and it is no graph output; the inputs and output of one
- * QLinearAdd (elementwise: layout-blind only when all three share one) are NHWC together or not at all. Convs
+ * A value is stored NHWC when its producer is a QLinearConv with 4-D weights, a QLinearAdd or a 2-D MaxPool of
+ * such a conv's output (an int8 stem), every reader is such a QLinearConv (its X), QLinearAdd (A or B) or
+ * MaxPool, and it is no graph output; the inputs and output of one QLinearAdd (elementwise: layout-blind only
+ * when all three share one) or MaxPool are NHWC together or not at all. Convs
  * then read and write channels last with no conversion; a QLinearAdd so marked gets nhwc = 1, and its plan-time
  * check refuses operands of different shapes (broadcasting needs the logical layout). */
 static int qz_is_qconv4(const eng_graph *g, const eng_node *n) {
@@ -446,13 +463,25 @@ static int qz_is_qadd(const eng_node *n) {
     return !strcmp(n->op_type, "QLinearAdd") && !strcmp(n->domain, "com.microsoft") && n->nout == 1;
 }
 
+/* A 2-D MaxPool (one output): channels last in and out together when it pools an int8 conv's output (a stem). */
+static int qz_is_pool(const eng_graph *g, const eng_node *n) {
+    if (!fz_is_op(n, "MaxPool") || n->nout != 1 || n->nin != 1 || n->inputs[0] < 0) return 0;
+    int pr = g->values[n->inputs[0]].producer;
+    const int64_t *ks;
+    return pr >= 0 && qz_is_qconv4(g, &g->nodes[pr]) && eng_node_attr_ints(n, "kernel_shape", &ks) == 2;
+}
+
 static eng_status qz_int8_layouts(eng_graph *g) {
     if (getenv("TENSORD_NO_INT8_NHWC")) return ENG_STATUS_OK;
     char *ok = calloc((size_t)g->nvalues + 1, 1);
     if (!ok) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "int8 layout pass");
+    for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int j = 0; j < g->nodes[i].nout; j++)
+            if (g->nodes[i].outputs[j] >= 0) g->values[g->nodes[i].outputs[j]].producer = i;
     for (int i = 0; i < g->nnodes; i++) {
         const eng_node *n = &g->nodes[i];
-        if ((qz_is_qconv4(g, n) || qz_is_qadd(n)) && n->outputs[0] >= 0) ok[n->outputs[0]] = 1;
+        if ((qz_is_qconv4(g, n) || qz_is_qadd(n) || qz_is_pool(g, n)) && n->outputs[0] >= 0) ok[n->outputs[0]] = 1;
     }
     for (int o = 0; o < g->noutputs; o++) ok[g->outputs[o]] = 0;
     for (int i = 0; i < g->nnodes; i++) {
@@ -460,7 +489,7 @@ static eng_status qz_int8_layouts(eng_graph *g) {
         for (int k = 0; k < n->nin; k++) {
             int v = n->inputs[k];
             if (v < 0 || !ok[v]) continue;
-            if (!((qz_is_qconv4(g, n) && k == 0) || (qz_is_qadd(n) && (k == 0 || k == 3)))) ok[v] = 0;
+            if (!((qz_is_qconv4(g, n) && k == 0) || (qz_is_qadd(n) && (k == 0 || k == 3)) || qz_is_pool(g, n))) ok[v] = 0;
         }
         /* subgraphs reading it would see the wrong layout: conservative, any subgraph attribute clears all */
         for (int a = 0; a < n->nattr; a++)
@@ -470,8 +499,9 @@ static eng_status qz_int8_layouts(eng_graph *g) {
         changed = 0;
         for (int i = 0; i < g->nnodes; i++) {
             const eng_node *n = &g->nodes[i];
-            if (!qz_is_qadd(n)) continue;
-            int a = n->inputs[0], b = n->inputs[3], y = n->outputs[0];
+            int pool = qz_is_pool(g, n);
+            if (!qz_is_qadd(n) && !pool) continue;
+            int a = n->inputs[0], b = pool ? n->inputs[0] : n->inputs[3], y = n->outputs[0];
             int all = a >= 0 && b >= 0 && y >= 0 && ok[a] && ok[b] && ok[y];
             if (!all && ((a >= 0 && ok[a]) || (b >= 0 && ok[b]) || (y >= 0 && ok[y]))) {
                 if (a >= 0) ok[a] = 0;
@@ -490,6 +520,9 @@ static eng_status qz_int8_layouts(eng_graph *g) {
                 st = fz_add_attr_int(g, i, "y_layout", KRN_NN_LAYOUT_NHWC);
         } else if (qz_is_qadd(n) && ok[n->outputs[0]]) {
             st = fz_add_attr_int(g, i, "nhwc", 1);
+        } else if (qz_is_pool(g, n) && ok[n->outputs[0]]) {
+            st = fz_add_attr_int(g, i, "x_layout", KRN_NN_LAYOUT_NHWC);
+            if (st == ENG_STATUS_OK) st = fz_add_attr_int(g, i, "y_layout", KRN_NN_LAYOUT_NHWC);
         }
     }
     free(ok);

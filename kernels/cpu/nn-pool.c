@@ -320,8 +320,10 @@ static eng_status pool_dnnl_build(krn_call *c, pool_state *s, dnnl_format_tag_t 
         }
     }
     dnnl_memory_desc_t smd, dmd;
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, 4, sd, dnnl_f32, tag));
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, 4, dd, dnnl_f32, tag));
+    dnnl_data_type_t dt = x->dtype == ENG_DTYPE_U8 ? dnnl_u8 : x->dtype == ENG_DTYPE_I8 ? dnnl_s8 : dnnl_f32;
+    if (dt != dnnl_f32 && p->kind != KRN_POOL_MAX) return ENG_STATUS_UNSUPPORTED; /* integer averages: ONNX rounds differently */
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, 4, sd, dt, tag));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, 4, dd, dt, tag));
     dnnl_alg_kind_t alg = p->kind == KRN_POOL_MAX ? dnnl_pooling_max
                           : p->count_include_pad ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding;
     dnnl_pooling_v2_desc_t pdsc;
@@ -340,8 +342,23 @@ static eng_status pool_dnnl_build(krn_call *c, pool_state *s, dnnl_format_tag_t 
 
 eng_status krn_cpu_pool_init(krn_call *c) {
     const krn_pool_params *p = c->params;
-    if (p->global || c->nout > 1 || c->in[0].dtype != ENG_DTYPE_F32 || eng_tensor_numel(&c->out[0]) == 0)
+    int int8 = c->in[0].dtype == ENG_DTYPE_U8 || c->in[0].dtype == ENG_DTYPE_I8; /* int8 stems' MaxPool */
+    if (p->global || c->nout > 1 || (c->in[0].dtype != ENG_DTYPE_F32 && !int8) || eng_tensor_numel(&c->out[0]) == 0)
         return ENG_STATUS_OK;
+    if (p->x_layout == KRN_NN_LAYOUT_NHWC || p->y_layout == KRN_NN_LAYOUT_NHWC) { /* the int8 layout pass's stem */
+        if (!int8 || p->x_layout != p->y_layout || p->nspatial != 2)
+            return eng_err(ENG_STATUS_INTERNAL, "channels-last pooling is for 2-D uint8/int8 MaxPool in and out");
+        pool_state *s = calloc(1, sizeof *s);
+        if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool state");
+        krn_dnnl_set_threads(c->nthreads);
+        eng_status st = pool_dnnl_build(c, s, dnnl_nhwc);
+        if (st != ENG_STATUS_OK) {
+            krn_cpu_pool_free(s);
+            return eng_err_prefix(st, "int8 MaxPool, channels last: ");
+        }
+        c->state = s;
+        return ENG_STATUS_OK;
+    }
     if (p->y_layout != KRN_NN_LAYOUT_BLOCKED) {
         /* plain -> plain 2-D pools that the fast loop does not take (padding, AveragePool): oneDNN's kernel */
         pool_geo g;
