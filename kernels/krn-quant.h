@@ -27,7 +27,11 @@ typedef struct krn_qdq_params {
 /* MatMulInteger (inputs A, B, a_zp?, b_zp?) and QLinearMatMul (a, a_scale, a_zp, b, b_scale, b_zp, y_scale,
  * y_zp). A's zero point/scale: one, or one per row of A (M); B's: one, or one per column of B (N). */
 typedef struct krn_qmatmul_params {
-    int qlinear; /* QLinearMatMul input layout and requantized output */
+    int qlinear;  /* QLinearMatMul input layout and requantized output */
+    int to_float; /* com.microsoft MatMulIntegerToFloat (A, B, a_scale, b_scale, a_zp?, b_zp?, bias?): float32
+                   * Y = (A - a_zp)(B - b_zp) * a_scale * b_scale[n] + bias[n], onnxruntime's dynamic-quantization
+                   * op, and what the QDQ fusion writes for a matmul with no Q after it */
+    krn_nn_act_params act; /* to_float: an activation after the bias (engine/plan/fuse.c's "act" attrs) */
 } krn_qmatmul_params;
 
 /* ConvInteger (x, w, x_zp?, w_zp?) and QLinearConv (x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?).

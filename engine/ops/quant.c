@@ -246,6 +246,17 @@ static eng_status q_mm_prepare_common(eng_op_ctx *c, int qlinear) {
     return q_float_prepare(c, "MatMul", &p->fdef, &p->fparams);
 }
 static eng_status q_matmul_integer_prepare(eng_op_ctx *c) { return q_mm_prepare_common(c, 0); }
+static eng_status q_mm_to_float_prepare(eng_op_ctx *c) {
+    ENG_TRY(eng_op_check_arity(c, 4, 7));
+    q_mm_op *p = calloc(1, sizeof *p);
+    if (!p) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "matmul params");
+    c->params = p;
+    p->k.to_float = 1;
+    p->k.act.kind = (int)eng_node_attr_int(c->node, "act", KRN_NN_ACT_NONE); /* set by the load-time fusion */
+    p->k.act.alpha = eng_node_attr_float(c->node, "act_alpha", 0.f);
+    p->k.act.beta = eng_node_attr_float(c->node, "act_beta", 0.f);
+    return q_float_prepare(c, "MatMul", &p->fdef, &p->fparams);
+}
 static eng_status q_qlinear_matmul_prepare(eng_op_ctx *c) { return q_mm_prepare_common(c, 1); }
 
 /* Rows of A (M) and columns of B (N) as MatMul sees them (1 for a 1-D operand). */
@@ -259,6 +270,26 @@ static eng_status q_matmul_integer_infer(eng_op_ctx *c) {
     ENG_TRY(q_check_param(c, 2, "a_zero_point", c->in[0].dtype, q_rows(&c->in[0]), "row of A", 1));
     ENG_TRY(q_check_param(c, 3, "b_zero_point", c->in[1].dtype, q_cols(&c->in[1]), "column of B", 1));
     return q_float_infer(c, p->fdef, p->fparams, 0, 1, ENG_DTYPE_I32);
+}
+
+static eng_status q_mm_to_float_infer(eng_op_ctx *c) {
+    q_mm_op *p = c->params;
+    ENG_TRY(q_check_8bit(c, 0, "A"));
+    ENG_TRY(q_check_8bit(c, 1, "B"));
+    int64_t N = q_cols(&c->in[1]);
+    ENG_TRY(q_check_param(c, 2, "a_scale", ENG_DTYPE_F32, 0, NULL, 0));
+    ENG_TRY(q_check_param(c, 3, "b_scale", ENG_DTYPE_F32, N, "column of B", 0));
+    ENG_TRY(q_check_param(c, 4, "a_zero_point", c->in[0].dtype, 0, NULL, 1));
+    ENG_TRY(q_check_param(c, 5, "b_zero_point", c->in[1].dtype, N, "column of B", 1));
+    if (eng_op_has_input(c, 6)) {
+        const eng_tensor *b = &c->in[6];
+        char nb[160], s1[96];
+        if (b->dtype != ENG_DTYPE_F32 || b->ndim != 1 || b->dims[0] != N)
+            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "input %s is %s %s: expected float32 [%lld] (one per column of B)",
+                           q_in_name(c, 6, "bias", nb, sizeof nb), eng_dtype_name(b->dtype),
+                           eng_shape_str(b->dims, b->ndim, s1, sizeof s1), (long long)N);
+    }
+    return q_float_infer(c, p->fdef, p->fparams, 0, 1, ENG_DTYPE_F32);
 }
 
 static eng_status q_qlinear_matmul_infer(eng_op_ctx *c) {
@@ -378,6 +409,7 @@ const eng_op_def eng_ops_quant[] = {
     {"QLinearMatMul", "", "matmul_integer", 0, q_qlinear_matmul_prepare, q_qlinear_matmul_infer, q_mm_free},
     {"ConvInteger", "", "conv_integer", 0, q_conv_integer_prepare, q_conv_integer_infer, q_conv_free},
     {"QLinearConv", "", "conv_integer", 0, q_qlinear_conv_prepare, q_qlinear_conv_infer, q_conv_free},
+    {"MatMulIntegerToFloat", "com.microsoft", "matmul_integer", 0, q_mm_to_float_prepare, q_mm_to_float_infer, q_mm_free},
     {"QLinearAdd", "com.microsoft", "qlinear_binary", 0, q_binary_prepare, q_binary_infer, NULL},
     {"QLinearMul", "com.microsoft", "qlinear_binary", 0, q_binary_prepare, q_binary_infer, NULL},
     {NULL},

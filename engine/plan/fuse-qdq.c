@@ -7,8 +7,8 @@
  *   W = DequantizeLinear(w_q, w_s, w_zp): w_q a constant int8/uint8 initializer (Conv: any rank >= 3; MatMul:
  *       2-D), w_s/w_zp constant, per tensor or per output channel (Conv axis 0, MatMul axis 1), w_zp present;
  *   Conv bias absent, a float32 constant [M], or DequantizeLinear(int32 constant, scale, zero point) of [M];
- * and where X and W are used only as inputs of Conv/MatMul nodes (a DQ output that also feeds a float op, a
- * graph output or a subgraph makes the candidate refused, whatever its other consumers).
+ * X's and W's DequantizeLinear may have other readers (a residual Add, a graph output): the fused op reads x_q
+ * and w_q directly, and the DQ stays for the others (onnxruntime duplicates such DQs; sharing one is the same).
  *
  * Rewrites (each proven within one output quantization step of the float QDQ graph, else not taken):
  *   1. Conv/MatMul -> [Relu ->] [MaxPool (Conv) ->] QuantizeLinear(y_s, y_zp const single)   => QLinearConv /
@@ -21,8 +21,9 @@
  *      float32: an int32 accumulator beyond 2^24 is rounded by at most |acc| 2^-24, which the multiplier makes
  *      at most 256 * 2^-24 of an output step, so that too stays within the one step. MatMul
  *      (no bias input in QLinearMatMul) takes only the bare MatMul -> [Relu ->] Q form.
- *   2. every other candidate (no Q after it, a Relu that Q does not absorb, a refused bias or accumulator bound)
- *      => ConvInteger/MatMulInteger(x_q, w_q, x_zp, w_zp) -> Cast(float) -> Mul(x_s * w_s) [-> Add(bias)],
+ *   2. every other candidate (no Q after it, a Relu that Q does not absorb, a refused bias)
+ *      => a matmul: com.microsoft MatMulIntegerToFloat(x_q, w_q, x_s, w_s, x_zp, w_zp [, bias]); a conv:
+ *      ConvInteger(x_q, w_q, x_zp, w_zp) -> Cast(float) -> Mul(x_s * w_s) [-> Add(bias)],
  *      writing the original float output value. The int32 accumulation is exact, so the result is the float
  *      graph's up to float32 rounding (the float path rounds more: it sums float products).
  * Gemm (a dense layer: alpha = beta = 1, transA = 0, B = DQ of a 2-D constant, per channel along its output
@@ -104,23 +105,6 @@ static int qz_match_dq(const qz_ctx *c, int v, int weight, int axis, int zp_opt,
         if (ax != axis || d->qt->ndim <= axis || d->qt->dims[axis] != d->per) return 0;
     }
     return 1;
-}
-
-/* Every use of v is an input of a live Conv or MatMul (so no float op, graph output or subgraph reads it). */
-static int qz_only_candidates(const qz_ctx *c, int v) {
-    const eng_graph *g = c->z.g;
-    int direct = 0;
-    for (int i = 0; i < g->nnodes; i++) {
-        if (c->z.dead[i]) continue;
-        const eng_node *n = &g->nodes[i];
-        for (int k = 0; k < n->nin; k++) {
-            if (n->inputs[k] != v) continue;
-            if (!(fz_is_op(n, "Conv") || fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm") || fz_is_op(n, "Add")) || k > 1)
-                return 0;
-            direct++;
-        }
-    }
-    return fz_uses(&c->z, v) == direct;
 }
 
 /* Append a node (domain "" or dom) placed after original node `after`; returns its index or -1 (out of memory). */
@@ -260,7 +244,6 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
     if (!qz_match_dq(c, n->inputs[0], 0, 0, 0, &x) || x.per != 1 || !qz_int8(x.dt)) return ENG_STATUS_OK;
     if (!qz_match_dq(c, n->inputs[1], 1, conv || trans_b ? 0 : 1, 0, &w) || !qz_int8(w.dt)) return ENG_STATUS_OK;
     if (conv ? w.qt->ndim < 3 : w.qt->ndim != 2) return ENG_STATUS_OK;
-    if (!qz_only_candidates(c, n->inputs[0]) || !qz_only_candidates(c, n->inputs[1])) return ENG_STATUS_OK;
     const int mfirst = conv || trans_b; /* weights stored output-channel first: [M, K...] */
     int64_t M = w.qt->dims[mfirst ? 0 : 1];
     if (M <= 0 || (w.per != 1 && w.per != M)) return ENG_STATUS_OK;
@@ -343,7 +326,36 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
         c->z.dead[i] = c->z.dead[q] = 1;
         if (relu >= 0) c->z.dead[relu] = 1;
     } else {
-        /* 2. integer form, float output */
+        /* 2. integer form, float output. A matmul: one com.microsoft MatMulIntegerToFloat (scales and bias inside
+         * oneDNN's int8 primitive); a conv: ConvInteger -> Cast -> Mul [-> Add] */
+        if (!conv) {
+            int bv = -1, yout = y;
+            if (!bias && kind == QZ_MATMUL) { /* MatMul -> Add(constant [N]): the Add is the bias (exporters' Linear) */
+                int a = fz_sole_consumer(&c->z, y);
+                const eng_node *an = a >= 0 ? &g->nodes[a] : NULL;
+                if (an && fz_is_op(an, "Add") && an->nin == 2 && fz_one_output(an)) {
+                    int other = an->inputs[0] == y ? an->inputs[1] : an->inputs[0];
+                    const eng_tensor *t = fz_const_f32(g, other);
+                    if (t && t->ndim == 1 && t->dims[0] == M && (bias = malloc((size_t)M * sizeof(float)))) {
+                        memcpy(bias, t->data, (size_t)M * sizeof(float));
+                        yout = an->outputs[0];
+                        c->z.dead[a] = 1;
+                    }
+                }
+            }
+            if (bias) {
+                eng_tensor *bt = qz_tensor(ENG_DTYPE_F32, 1, &M);
+                if (!bt) goto oom;
+                memcpy(bt->data, bias, (size_t)M * sizeof(float));
+                if ((bv = qz_add_value(c, base, "_qdq_bias", ENG_DTYPE_F32, bt)) < 0) goto oom;
+            }
+            int in[7] = {x.q, w.q, x.s, w.s, x.zp, w.zp, bv};
+            if (qz_add_node_in(c, base, "_integer", "MatMulIntegerToFloat", "com.microsoft", in, bias ? 7 : 6, yout, i) < 0)
+                goto oom;
+            c->z.dead[i] = 1;
+            c->z.changed = 1;
+            goto done;
+        }
         int64_t sd[ENG_MAX_DIMS] = {M};
         int r = conv ? w.qt->ndim - 1 : 1;
         for (int d = 1; d < r; d++) sd[d] = 1;

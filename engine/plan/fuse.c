@@ -465,6 +465,32 @@ static eng_status fz_matmul(fz_ctx *z, int mi) {
     return ENG_STATUS_OK;
 }
 
+/* com.microsoft MatMulIntegerToFloat (the QDQ fusion's int8 dense layer) -> activation: the activation becomes
+ * its last post-op ("act" attrs, as on FusedMatMul), so BERT's GELU after an int8 FFN layer costs no pass. */
+static eng_status fz_qmatmul_act(fz_ctx *z, int mi) {
+    eng_graph *g = z->g;
+    eng_node *mm = &g->nodes[mi];
+    if (!fz_one_output(mm) || eng_node_attr_int(mm, "act", KRN_NN_ACT_NONE) != KRN_NN_ACT_NONE) return ENG_STATUS_OK;
+    krn_nn_act_params act = {0};
+    int c = fz_sole_consumer(z, mm->outputs[0]), pat[16], np = 0, fin;
+    if (c >= 0 && fz_activation(g, &g->nodes[c], &act) && g->nodes[c].inputs[0] == mm->outputs[0]) {
+        mm->outputs[0] = g->nodes[c].outputs[0];
+        z->dead[c] = 1;
+        fz_move_node(z, mi, c);
+        mi = c;
+    } else if ((fin = fz_match_act_chain(z, mm->outputs[0], &act, pat, &np, 16)) >= 0) {
+        mm->outputs[0] = g->nodes[fin].outputs[0];
+        for (int i = 0; i < np; i++) z->dead[pat[i]] = 1;
+        fz_move_node(z, mi, fin);
+        mi = fin;
+    } else {
+        return ENG_STATUS_OK;
+    }
+    ENG_TRY(fz_set_act_attrs(z, mi, &act));
+    z->changed = 1;
+    return ENG_STATUS_OK;
+}
+
 /* ------------------------------------------------------------ driver */
 
 static eng_status fz_compact(fz_ctx *z) {
@@ -736,6 +762,7 @@ eng_status eng_graph_fuse(eng_graph *g) {
         if (fz_is_op(n, "Conv")) st = fz_conv(&z, i);
         else if (fz_is_op(n, "BatchNormalization")) st = fz_bn_standalone(&z, i);
         else if (fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm")) st = fz_matmul(&z, i);
+        else if (!strcmp(n->op_type, "MatMulIntegerToFloat") && !strcmp(n->domain, "com.microsoft")) st = fz_qmatmul_act(&z, i);
     }
     if (st == ENG_STATUS_OK) st = fz_conv_dw(&z);
     eng_status cst = fz_compact(&z); /* also after a failure: moved nodes leave dead slots behind */

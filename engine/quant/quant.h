@@ -2,8 +2,8 @@
  * with QuantFormat.QDQ), in two steps:
  *
  *   calibration (calib.c): run the float model over calibration data and pick a scale and zero point for every
- *     activation that feeds a quantized node (the first input of Conv, Gemm and MatMul, and a MatMul's second
- *     input when it is not an initializer). Methods: minmax (asymmetric uint8 over [min(0, min), max(0, max)],
+ *     activation that feeds a quantized node (the first input of a Conv, Gemm or MatMul with a constant weight;
+ *     MatMuls of two activations stay float: no int8 kernel takes a quantized non-constant B). Methods: minmax (asymmetric uint8 over [min(0, min), max(0, max)],
  *     onnxruntime's default), percentile (the 99.99th percentile of |x|) and entropy (the threshold minimising
  *     the KL divergence between the 2048-bin histogram of |x| and its quantized form, TensorRT's method). For
  *     percentile and entropy the range is [0, T] as uint8 when the activation was never negative (ReLU outputs,

@@ -44,7 +44,7 @@ typedef struct qd_state {
     int slow, reorders;
     dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
-    dnnl_memory_t msrc, mwei, mdst, mbias, mscratch, mzsrc, mzdst;
+    dnnl_memory_t msrc, mwei, mdst, mbias, mscratch, mzsrc, mzdst, mpobias; /* mpobias: to_float's bias post-op */
     krn_dnnl_reorder rsrc, rdst; /* conv: plain <-> the layouts the primitive chose (counted reorders) */
     krn_dnnl_reorder rwei;       /* conv with non-constant W: plain -> oneDNN's layout on every run */
     void *tsrc, *tdst, *twei;
@@ -65,7 +65,7 @@ typedef struct qd_state {
 static void qd_clear(qd_state *s) {
     if (s->prim) dnnl_primitive_destroy(s->prim);
     if (s->pd) dnnl_primitive_desc_destroy(s->pd);
-    dnnl_memory_t *ms[] = {&s->msrc, &s->mwei, &s->mdst, &s->mbias, &s->mscratch, &s->mzsrc, &s->mzdst};
+    dnnl_memory_t *ms[] = {&s->msrc, &s->mwei, &s->mdst, &s->mbias, &s->mscratch, &s->mzsrc, &s->mzdst, &s->mpobias};
     for (size_t i = 0; i < sizeof ms / sizeof *ms; i++)
         if (*ms[i]) dnnl_memory_destroy(*ms[i]);
     krn_dnnl_reorder_free(&s->rsrc);
@@ -102,7 +102,7 @@ void krn_cpu_qdnnl_describe(const krn_call *c, krn_impl_info *info) {
 
 /* Input i, or NULL when the optional input is omitted. */
 static const eng_tensor *qd_in(const krn_call *c, int i) {
-    return i < c->nin && c->in[i].dtype != ENG_DTYPE_UNDEFINED ? &c->in[i] : NULL;
+    return i >= 0 && i < c->nin && c->in[i].dtype != ENG_DTYPE_UNDEFINED ? &c->in[i] : NULL;
 }
 static int qd_const(const krn_call *c, int i) { return i < 32 && ((c->const_mask >> i) & 1u); }
 
@@ -129,7 +129,7 @@ static int qd_zp_none(const krn_call *c, int i) {
 }
 
 static dnnl_data_type_t qd_dt(eng_dtype d) {
-    return d == ENG_DTYPE_U8 ? dnnl_u8 : d == ENG_DTYPE_I8 ? dnnl_s8 : d == ENG_DTYPE_I32 ? dnnl_s32 : dnnl_data_type_undef;
+    return d == ENG_DTYPE_U8 ? dnnl_u8 : d == ENG_DTYPE_I8 ? dnnl_s8 : d == ENG_DTYPE_I32 ? dnnl_s32 : d == ENG_DTYPE_F32 ? dnnl_f32 : dnnl_data_type_undef;
 }
 
 static const dnnl_format_tag_t qd_plain[] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc, dnnl_abcd, dnnl_abcde,
@@ -177,11 +177,11 @@ static eng_status qd_attr(krn_call *c, qd_state *s, int qlinear, int isx, int is
     float *sc = NULL;
     int64_t nsc = 1;
     if (qlinear) {
-        if (!qd_const(c, isx) || !qd_const(c, isw) || !qd_const(c, isy))
+        if (!qd_const(c, isx) || !qd_const(c, isw) || (isy >= 0 && !qd_const(c, isy)))
             return eng_err(ENG_STATUS_UNSUPPORTED, "scales are not constant");
         nsc = eng_tensor_numel(&c->in[isw]) > 1 ? nch : 1;
         if (!(sc = malloc((size_t)nsc * sizeof *sc))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "output scales");
-        float xs = qd_at_f(&c->in[isx], 0), ys = qd_at_f(&c->in[isy], 0);
+        float xs = qd_at_f(&c->in[isx], 0), ys = isy >= 0 ? qd_at_f(&c->in[isy], 0) : 1.f; /* isy -1: float out */
         for (int64_t j = 0; j < nsc; j++) sc[j] = xs * qd_at_f(&c->in[isw], j) / ys; /* as the reference computes it */
     }
     dnnl_primitive_attr_t a;
@@ -246,7 +246,8 @@ static void qd_fallback(qd_state *s, const char *op) {
     s->slow = 1;
 }
 
-static eng_status qd_run(qd_state *s, const krn_call *c, const void *src, void *dst, const void *wei, const void *bias) {
+static eng_status qd_run(qd_state *s, const krn_call *c, const void *src, void *dst, const void *wei, const void *bias,
+                         const void *po_bias) {
     dnnl_stream_t stream;
     ENG_TRY(krn_dnnl_stream(&stream));
     krn_dnnl_set_threads(c->nthreads);
@@ -268,6 +269,10 @@ static eng_status qd_run(qd_state *s, const krn_call *c, const void *src, void *
     if (s->mbias) {
         KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mbias, (void *)bias));
         args[na].arg = DNNL_ARG_BIAS, args[na++].memory = s->mbias;
+    }
+    if (s->mpobias) {
+        KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->mpobias, (void *)po_bias));
+        args[na].arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, args[na++].memory = s->mpobias;
     }
     if (s->mzsrc) args[na].arg = DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, args[na++].memory = s->mzsrc;
     if (s->mzdst) args[na].arg = DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, args[na++].memory = s->mzdst;
@@ -291,15 +296,16 @@ static void qd_colsums(const int8_t *w, int64_t nbb, int64_t K, int64_t N, int32
 
 static eng_status qd_mm_build(krn_call *c, qd_state *s) {
     const krn_qmatmul_params *p = c->params;
-    int q = p->qlinear, ia = 0, ib = q ? 3 : 1, izb = q ? 5 : 3;
+    int q = p->qlinear, tf = p->to_float, ia = 0, ib = q ? 3 : 1, izb = q || tf ? 5 : 3;
     const eng_tensor *A = &c->in[ia], *B = &c->in[ib], *Y = &c->out[0];
-    const eng_tensor *azp = qd_in(c, 2), *bzp = qd_in(c, izb);
-    s->ixzp = 2;
+    s->ixzp = tf ? 4 : 2;
+    const eng_tensor *azp = qd_in(c, s->ixzp), *bzp = qd_in(c, izb);
     ENG_TRY(qd_isa_check());
     if (!eng_tensor_numel(A) || !eng_tensor_numel(B) || !eng_tensor_numel(Y))
         return eng_err(ENG_STATUS_UNSUPPORTED, "empty operand");
     if (azp && eng_tensor_numel(azp) > 1) return eng_err(ENG_STATUS_UNSUPPORTED, "per-row zero point of A");
     if (q && eng_tensor_numel(&c->in[1]) > 1) return eng_err(ENG_STATUS_UNSUPPORTED, "per-row scale of A");
+    const eng_tensor *pob = tf ? qd_in(c, 6) : NULL; /* to_float's bias: a binary add post-op after the scales */
     s->K = A->dims[A->ndim - 1];
     s->M = A->ndim >= 2 ? A->dims[A->ndim - 2] : 1;
     s->N = B->ndim >= 2 ? B->dims[B->ndim - 1] : 1;
@@ -312,6 +318,12 @@ static eng_status qd_mm_build(krn_call *c, qd_state *s) {
         s->yb[d] = s->ab[d] > s->bb[d] ? s->ab[d] : s->bb[d];
         s->nbatch *= s->yb[d];
         s->nbb *= s->bb[d];
+    }
+    if (nb == 0 && s->r > 0) { /* a 2-D B (a dense layer's weights): A's batch dims fold into its rows, so oneDNN
+                                  * takes one 2-D product with B packed in its blocked layout */
+        s->M *= s->nbatch;
+        s->r = 0;
+        s->nbatch = s->nbb = 1;
     }
     int nd = s->r + 2;
     if (nd > DNNL_MAX_NDIMS || nd > 10) return eng_err(ENG_STATUS_UNSUPPORTED, "rank %d", nd);
@@ -335,13 +347,30 @@ static eng_status qd_mm_build(krn_call *c, qd_state *s) {
         return eng_err(ENG_STATUS_UNSUPPORTED, "non-constant B that is not int8 without zero point");
     }
     eng_status est = ENG_STATUS_OK;
-    if (!q && !qd_zp_none(c, 2)) { /* integer output with an A zero point: Y -= a_zp * colsum(W') */
+    if (!q && !tf && !qd_zp_none(c, 2)) { /* integer output with an A zero point: Y -= a_zp * colsum(W') */
         s->comp = 1;
         if (!(s->S = malloc((size_t)(s->nbb * s->N) * sizeof *s->S))) est = eng_err(ENG_STATUS_OUT_OF_MEMORY, "column sums");
         else if (wsh) qd_colsums(wsh, s->nbb, s->K, s->N, s->S);
     }
     dnnl_primitive_attr_t attr = NULL;
-    if (est == ENG_STATUS_OK) est = qd_attr(c, s, q, 1, 4, 6, 2, 7, s->N, 1 << (nd - 1), &attr);
+    if (est == ENG_STATUS_OK)
+        est = tf ? qd_attr(c, s, 1, 2, 3, -1, 4, -1, s->N, 1 << (nd - 1), &attr)
+                 : qd_attr(c, s, q, 1, 4, 6, 2, 7, s->N, 1 << (nd - 1), &attr);
+    dnnl_memory_desc_t pomd;
+    if (est == ENG_STATUS_OK && (pob || (tf && p->act.kind != KRN_NN_ACT_NONE))) { /* bias, then the activation */
+        dnnl_dims_t pd;
+        for (int d = 0; d < nd; d++) pd[d] = 1;
+        pd[nd - 1] = s->N;
+        dnnl_post_ops_t po = NULL;
+        dnnl_status_t ps = dnnl_memory_desc_init_by_tag(&pomd, nd, pd, dnnl_f32, qd_plain[nd]);
+        if (ps == dnnl_success) ps = dnnl_post_ops_create(&po);
+        if (ps == dnnl_success && pob) ps = dnnl_post_ops_append_binary(po, dnnl_binary_add, &pomd);
+        if (ps != dnnl_success) est = krn_dnnl_fail(ps, "int8 matmul bias post-op", __func__, __FILE__, __LINE__);
+        if (est == ENG_STATUS_OK) est = krn_dnnl_append_act(po, &p->act);
+        if (est == ENG_STATUS_OK && dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success)
+            est = eng_err(ENG_STATUS_INTERNAL, "int8 matmul post-ops");
+        if (po) dnnl_post_ops_destroy(po);
+    }
     dnnl_memory_desc_t amd, bmd, bplain, ymd;
     dnnl_matmul_desc_t md;
     dnnl_status_t ds = dnnl_success;
@@ -367,9 +396,10 @@ static eng_status qd_mm_build(krn_call *c, qd_state *s) {
     ENG_TRY(est);
     KRN_DNNL_CHECK(dnnl_memory_create(&s->msrc, &amd, eng, DNNL_MEMORY_NONE));
     KRN_DNNL_CHECK(dnnl_memory_create(&s->mdst, &ymd, eng, DNNL_MEMORY_NONE));
+    if (pob) KRN_DNNL_CHECK(dnnl_memory_create(&s->mpobias, &pomd, eng, DNNL_MEMORY_NONE));
     ENG_TRY(qd_zp_mems(s));
     s->fast = 1;
-    qd_describe_state(s, "");
+    qd_describe_state(s, tf ? " (float out)" : "");
     return ENG_STATUS_OK;
 }
 
@@ -386,9 +416,9 @@ eng_status krn_cpu_qmatmul_exec(krn_call *c) {
     if (!s || !s->fast) return krn_cpu_qmatmul_ref(c);
     const krn_qmatmul_params *p = c->params;
     int ib = p->qlinear ? 3 : 1;
-    if (s->zsrc_arg) s->zs = qd_at_i(&c->in[2], 0);
+    if (s->zsrc_arg) s->zs = qd_at_i(&c->in[s->ixzp], 0);
     if (s->zdst_arg) s->zd = qd_at_i(&c->in[7], 0);
-    ENG_TRY(qd_run(s, c, c->in[0].data, c->out[0].data, c->in[ib].data, NULL));
+    ENG_TRY(qd_run(s, c, c->in[0].data, c->out[0].data, c->in[ib].data, NULL, s->mpobias ? c->in[6].data : NULL));
     int32_t xz = s->comp ? qd_at_i(&c->in[s->ixzp], 0) : 0;
     if (!xz) return ENG_STATUS_OK;
     if (!s->wconst) qd_colsums(c->in[ib].data, s->nbb, s->K, s->N, s->S);
@@ -618,7 +648,7 @@ eng_status krn_cpu_qconv_exec(krn_call *c) {
     if (s->zsrc_arg) s->zs = qd_at_i(&c->in[2], 0);
     if (s->zdst_arg) s->zd = qd_at_i(&c->in[7], 0);
     const void *bias = s->mbias ? c->in[8].data : NULL;
-    ENG_TRY(qd_run(s, c, c->in[0].data, c->out[0].data, c->in[iw].data, bias));
+    ENG_TRY(qd_run(s, c, c->in[0].data, c->out[0].data, c->in[iw].data, bias, NULL));
     int32_t xz = s->comp ? qd_at_i(&c->in[s->ixzp], 0) : 0;
     if (!xz) return ENG_STATUS_OK;
     if (!s->wconst && !qd_conv_sums(s, c->in[iw].data)) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "tap sums");

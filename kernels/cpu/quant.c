@@ -205,8 +205,8 @@ eng_status krn_cpu_qmatmul_ref(krn_call *c) {
     int ia = 0, ib = p->qlinear ? 3 : 1;
     const eng_tensor *A = &c->in[ia], *B = &c->in[ib];
     eng_tensor *Y = &c->out[0];
-    const eng_tensor *azp = c->nin > 2 ? &c->in[2] : NULL;
-    const eng_tensor *bzp = p->qlinear ? &c->in[5] : c->nin > 3 ? &c->in[3] : NULL;
+    const eng_tensor *azp = p->to_float ? (c->nin > 4 ? &c->in[4] : NULL) : c->nin > 2 ? &c->in[2] : NULL;
+    const eng_tensor *bzp = p->qlinear || p->to_float ? (c->nin > 5 ? &c->in[5] : NULL) : c->nin > 3 ? &c->in[3] : NULL;
     int64_t K = A->dims[A->ndim - 1];
     int64_t M = A->ndim >= 2 ? A->dims[A->ndim - 2] : 1, N = B->ndim >= 2 ? B->dims[B->ndim - 1] : 1;
     /* batch dims, right-aligned to rank r */
@@ -242,6 +242,14 @@ eng_status krn_cpu_qmatmul_ref(krn_call *c) {
                     for (int64_t j = 0; j < N; j++) acc[j] += av * brow[j];
             }
             int64_t yo = (bi * M + i) * N;
+            if (p->to_float) { /* float32 (acc * a_scale) * b_scale[j] + bias[j] */
+                const eng_tensor *bias = c->nin > 6 && c->in[6].data ? &c->in[6] : NULL;
+                float as = q_at_f(&c->in[2], 0);
+                for (int64_t j = 0; j < N; j++)
+                    ((float *)Y->data)[yo + j] = (float)acc[j] * (as * q_at_f(&c->in[3], j)) + (bias ? q_at_f(bias, j) : 0.f);
+                krn_nn_act_apply_f32((float *)Y->data + yo, N, &p->act, 1);
+                continue;
+            }
             if (!p->qlinear) {
                 for (int64_t j = 0; j < N; j++) ((int32_t *)Y->data)[yo + j] = (int32_t)acc[j];
                 continue;
@@ -428,6 +436,17 @@ static eng_status q_binary_exec(krn_call *c) {
     return ENG_STATUS_OK;
 }
 
+/* No state: init exists so that the planner records describe()'s line (it describes steps that have an init). */
+static eng_status q_binary_init(krn_call *c) {
+    (void)c;
+    return ENG_STATUS_OK;
+}
+
+static void q_binary_describe(const krn_call *c, krn_impl_info *info) {
+    int flat = eng_shape_equal(&c->in[0], &c->out[0]) && eng_shape_equal(&c->in[3], &c->out[0]);
+    krn_str_copy(info->impl, sizeof info->impl, flat ? "int8 avx512 loop (float32 rescale, as MLAS)" : "int8 loop, broadcast");
+}
+
 eng_status krn_cpu_qmatmul_init(krn_call *c);
 eng_status krn_cpu_qmatmul_exec(krn_call *c);
 eng_status krn_cpu_qconv_init(krn_call *c);
@@ -443,6 +462,6 @@ const krn_kernel krn_cpu_quant_kernels[] = {
     {"conv_integer", krn_cpu_qconv_init, krn_cpu_qconv_exec, krn_cpu_qdnnl_free, krn_cpu_qdnnl_describe},
     {"matmul_integer_ref", NULL, krn_cpu_qmatmul_ref, NULL, krn_cpu_quant_describe_ref},
     {"conv_integer_ref", NULL, krn_cpu_qconv_ref, NULL, krn_cpu_quant_describe_ref},
-    {"qlinear_binary", NULL, q_binary_exec, NULL, NULL},
+    {"qlinear_binary", q_binary_init, q_binary_exec, NULL, q_binary_describe},
     {NULL},
 };

@@ -191,9 +191,12 @@ Test(fuse_qdq, missing_q_gives_integer_op_and_float_rescale) {
     cr_assert(s && s->ndim == 3 && s->dims[0] == 3 && s->dims[1] == 1 && s->dims[2] == 1);
     cr_assert_float_eq(((const float *)s->data)[2], 0.02f * 0.03f, 1e-12);
     eng_graph_free(&g);
-    g = fused((spec){.matmul = 1});
-    cr_assert_eq(count_op(g, "MatMulInteger"), 1);
-    cr_assert_eq(count_op(g, "QLinearMatMul"), 0);
+    g = fused((spec){.matmul = 1}); /* a matmul: one MatMulIntegerToFloat, scales inside */
+    cr_assert_eq(count_op(g, "MatMulIntegerToFloat"), 1);
+    cr_assert_eq(count_op(g, "MatMulInteger") + count_op(g, "QLinearMatMul") + count_op(g, "Cast") + count_op(g, "Mul"), 0);
+    const eng_node *mf = find_op(g, "MatMulIntegerToFloat");
+    cr_assert_str_eq(mf->domain, "com.microsoft");
+    cr_assert_eq(mf->outputs[0], eng_graph_find_value(g, "c"), "the float output value is kept");
     eng_graph_free(&g);
 }
 
@@ -205,11 +208,13 @@ Test(fuse_qdq, refuses_non_constant_weights) {
     eng_graph_free(&g);
 }
 
-Test(fuse_qdq, refuses_dq_also_read_by_float_op) {
+Test(fuse_qdq, dq_also_read_by_float_op_stays_for_it) {
     eng_graph *g = fused((spec){.q = 1, .float_user = 1});
-    cr_assert_eq(count_op(g, "Conv"), 1);
-    cr_assert_eq(count_op(g, "QLinearConv") + count_op(g, "ConvInteger"), 0);
-    cr_assert_eq(count_op(g, "DequantizeLinear"), 3);
+    cr_assert_eq(count_op(g, "Conv"), 0);
+    cr_assert_eq(count_op(g, "QLinearConv"), 1);
+    cr_assert_eq(count_op(g, "DequantizeLinear"), 2, "x's DQ stays for the float Relu, the output DQ stays");
+    const eng_node *r = find_op(g, "Relu");
+    cr_assert(r && r->inputs[0] == eng_graph_find_value(g, "x_dq"), "the float reader still reads x's DQ");
     eng_graph_free(&g);
 }
 
@@ -238,7 +243,7 @@ Test(fuse_qdq, gemm_dense_layers_fused_and_equal) {
             spec sp = {.matmul = 1, .gemm = tb, .bias = bias, .q = !bias, .yzp = 128};
             eng_graph *g = fused(sp);
             cr_assert_eq(count_op(g, "Gemm"), 0, "transB %d bias %d: Gemm left", tb - 1, bias);
-            cr_assert_eq(count_op(g, bias ? "MatMulInteger" : "QLinearMatMul"), 1, "transB %d bias %d", tb - 1, bias);
+            cr_assert_eq(count_op(g, bias ? "MatMulIntegerToFloat" : "QLinearMatMul"), 1, "transB %d bias %d", tb - 1, bias);
             eng_graph_free(&g);
             float x[32], ref[12], got[12];
             for (int i = 0; i < 32; i++) x[i] = (float)((i * 13) % 17) * 0.05f - 0.3f;
