@@ -192,3 +192,37 @@ def test_unknown_contrib_op_is_a_clean_error(tensord, tmp_path):
     g.node.append(helper.make_node("QLinearSigmoid", ["y", "s", "z", "s", "z"], ["y2"], domain="com.microsoft"))
     res = tensord.predict(tensord.save_model(model), {"x": randn(shape, 7)})
     assert_clean_error(res, "QLinearSigmoid", "com.microsoft", "not supported")
+
+
+@pytest.mark.parametrize("per_column,bias,zp", [(False, False, False), (True, True, True), (True, False, True)])
+def test_matmul_integer_to_float_matches_onnxruntime(tensord, tmp_path, per_column, bias, zp):
+    """com.microsoft MatMulIntegerToFloat (onnxruntime's op, and what tensord's QDQ fusion writes for a dense layer
+    with no Q after it), 3-D A against a 2-D weight, per-tensor or per-column scales, with and without bias and
+    zero points: within float32 rounding of onnxruntime."""
+    rng = np.random.default_rng(3)
+    K, N = 48, 40
+    a = rng.integers(0, 256, (2, 5, K), dtype=np.uint8)
+    w = rng.integers(-127, 128, (K, N), dtype=np.int8)
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.02, np.float32), "a_s"),
+             numpy_helper.from_array((rng.random(N).astype(np.float32) * 0.01 + 0.001) if per_column
+                                     else np.array(0.004, np.float32), "w_s")]
+    ins = ["a", "W", "a_s", "w_s"]
+    if zp or bias:
+        inits.append(numpy_helper.from_array(np.array(131 if zp else 0, np.uint8), "a_zp"))
+        inits.append(numpy_helper.from_array(np.zeros(N if per_column else (), np.int8), "w_zp"))
+        ins += ["a_zp", "w_zp"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "b"))
+        ins.append("b")
+    node = helper.make_node("MatMulIntegerToFloat", ins, ["y"], domain="com.microsoft")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 5, K])],
+                          [helper.make_tensor_value_info("y", F, [2, 5, N])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    res = tensord.predict(tensord.save_model(m), {"a": a}, threads=2)
+    assert_no_crash(res)
+    assert res.returncode == 0, res.describe()
+    want = ort_run(m, {"a": a})["y"]
+    got = res.outputs["y"]
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
