@@ -5,6 +5,7 @@
   time_ort         warm-up, then n single session.run() calls timed with perf_counter; n fits a time budget
   run_tensord      one tensord process with a timeout; failures become one line of text, never an exception
   parse_bench      the `median_ms=<x> p90_ms=<y>` last line of `tensord bench`
+  tensord_bench    one `tensord bench` process (extra flags, extra environment): (median, p90) or why not
   alternate        --rounds rounds of (a block of ORT runs, one `tensord bench` process), so a burst of load from
                    other tenants of the machine hits both runtimes; medians over rounds of each round's median/p90
   max_rel_err      max|got - want| / max|want| over all elements (the benchmarks' and the tests' correctness rule)
@@ -95,6 +96,22 @@ def input_args(feed_files):
     return args
 
 
+def tensord_bench(binary, model_path, feed_files, *, iterations, warmup, threads, timeout, extra_args=(), env=None):
+    """One `tensord bench` process. Returns (median ms, p90 ms, error text, cpu seconds / wall seconds): the times
+    are None and the error says why (`exit 2: error: unknown option ...`, `timed out ...`, unparsed output) when it
+    failed; never raises. `extra_args` go after the common flags (e.g. `--precision bf16`); `env` as run_tensord."""
+    cp, err, util = run_tensord([binary, "bench", "--model", model_path, *input_args(feed_files),
+                                 "--iterations", str(iterations), "--warmup", str(warmup),
+                                 "--threads", str(threads), *extra_args], timeout, env)
+    if cp is None:
+        return None, None, err, util
+    parsed = parse_bench(cp.stdout)
+    if parsed is None:
+        last = (cp.stdout.strip().splitlines() or [""])[-1]
+        return None, None, f"output unparsed: {last[:80]!r}", util
+    return parsed[0], parsed[1], "", util
+
+
 def alternate(sess, feeds, feed_files, *, binary, model_path, label, rounds, warmup, iterations, budget,
               min_iterations, threads, timeout, notes, td_iterations=None, td_warmup=None):
     """Times both runtimes in `rounds` alternating rounds (a tensord failure ends the rounds there). `binary` None
@@ -117,20 +134,14 @@ def alternate(sess, feeds, feed_files, *, binary, model_path, label, rounds, war
             continue
         tn = n if td_iterations is None else td_iterations(n)
         tw = warmup if td_warmup is None else td_warmup
-        cp, err, td_util = run_tensord([binary, "bench", "--model", model_path, *input_args(feed_files),
-                                        "--iterations", str(tn), "--warmup", str(tw),
-                                        "--threads", str(threads)], timeout(n, ort_meds[-1]))
-        if cp is None:
+        med, p90, err, td_util = tensord_bench(binary, model_path, feed_files, iterations=tn, warmup=tw,
+                                               threads=threads, timeout=timeout(n, ort_meds[-1]))
+        if med is None:
             td_meds, td_err = None, "bench " + err
             break
-        parsed = parse_bench(cp.stdout)
-        if parsed is None:
-            last = (cp.stdout.strip().splitlines() or [""])[-1]
-            td_meds, td_err = None, f"bench output unparsed: {last[:80]!r}"
-            break
         td_total += tn
-        td_meds.append(parsed[0])
-        td_p90s.append(parsed[1])
+        td_meds.append(med)
+        td_p90s.append(p90)
         if td_util > threads + 0.5:
             notes.append(f"{label}: tensord used {td_util:.1f} cores (cpu/wall, incl. load) for --threads {threads}")
     ok_td = binary is not None and td_meds
