@@ -376,62 +376,95 @@ void krn_cpu_quant_describe_ref(const krn_call *c, krn_impl_info *info) {
 
 /* QLinearAdd / QLinearMul (krn-quant.h), numpy broadcasting through per-dim strides (0 where broadcast); the
  * same-shape case (residual adds) is one flat loop. */
+typedef struct q_bin_k {
+    int mul, s8;
+    float ra, rb, rm;
+    int32_t az, bz, cz, lo, hi;
+} q_bin_k;
+
+/* y[0..n) from a (step sa: 1, or 0 = one element broadcast) and b (step sb), the float32 arithmetic of
+ * krn-quant.h; 16 lanes at a time, then the same operations one by one. */
+static void q_binary_row(const q_bin_k *k, const void *a, int64_t sa, const void *b, int64_t sb, void *y, int64_t n) {
+    int64_t i = 0;
+    const int s8 = k->s8;
+#ifdef __AVX512F__
+    const __m512 vra = _mm512_set1_ps(k->ra), vrb = _mm512_set1_ps(k->rb), vrm = _mm512_set1_ps(k->rm);
+    const __m512 vmin = _mm512_set1_ps(-1e9f), vmax = _mm512_set1_ps(1e9f);
+    const __m512i vaz = _mm512_set1_epi32(k->az), vbz = _mm512_set1_epi32(k->bz), vcz = _mm512_set1_epi32(k->cz);
+    const __m512i vlo = _mm512_set1_epi32(k->lo), vhi = _mm512_set1_epi32(k->hi);
+    const int32_t a0 = s8 ? ((const int8_t *)a)[0] : ((const uint8_t *)a)[0];
+    const int32_t b0 = s8 ? ((const int8_t *)b)[0] : ((const uint8_t *)b)[0];
+    for (; i + 16 <= n; i += 16) {
+        __m512i ia, ib;
+        if (sa) {
+            __m128i x = _mm_loadu_si128((const __m128i *)((const char *)a + i));
+            ia = s8 ? _mm512_cvtepi8_epi32(x) : _mm512_cvtepu8_epi32(x);
+        } else {
+            ia = _mm512_set1_epi32(a0);
+        }
+        if (sb) {
+            __m128i x = _mm_loadu_si128((const __m128i *)((const char *)b + i));
+            ib = s8 ? _mm512_cvtepi8_epi32(x) : _mm512_cvtepu8_epi32(x);
+        } else {
+            ib = _mm512_set1_epi32(b0);
+        }
+        ia = _mm512_sub_epi32(ia, vaz), ib = _mm512_sub_epi32(ib, vbz);
+        __m512 v = k->mul ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(ia, ib)), vrm)
+                          : _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ia), vra), _mm512_mul_ps(_mm512_cvtepi32_ps(ib), vrb));
+        v = _mm512_min_ps(_mm512_max_ps(v, vmin), vmax);                    /* int32-safe */
+        __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), vcz); /* cvtps rounds half to even (MXCSR default) */
+        q = _mm512_min_epi32(_mm512_max_epi32(q, vlo), vhi);
+        _mm_storeu_si128((__m128i *)((char *)y + i), _mm512_cvtepi32_epi8(q));
+    }
+#endif
+    for (; i < n; i++) {
+        int32_t va = s8 ? ((const int8_t *)a)[i * sa] : ((const uint8_t *)a)[i * sa];
+        int32_t vb = s8 ? ((const int8_t *)b)[i * sb] : ((const uint8_t *)b)[i * sb];
+        float v = k->mul ? (float)((va - k->az) * (vb - k->bz)) * k->rm
+                         : (float)(va - k->az) * k->ra + (float)(vb - k->bz) * k->rb;
+        v = v < -1e9f ? -1e9f : v > 1e9f ? 1e9f : v; /* int32-safe; saturates below anyway */
+        int32_t q = (int32_t)nearbyintf(v) + k->cz;
+        q = q < k->lo ? k->lo : q > k->hi ? k->hi : q;
+        if (s8) ((int8_t *)y)[i] = (int8_t)q;
+        else ((uint8_t *)y)[i] = (uint8_t)q;
+    }
+}
+
+/* QLinearAdd / QLinearMul (krn-quant.h): the output's innermost dim as rows (each operand stepping 1 or
+ * broadcasting one element along it), the outer dims walked with per-dim strides (0 where broadcast): same-shape
+ * residual adds are one run, bias adds ([.., N] + [N]) one row per position. */
 static eng_status q_binary_exec(krn_call *c) {
     const krn_qbinary_params *p = c->params;
     const eng_tensor *a = &c->in[0], *b = &c->in[3], *y = &c->out[0];
     const float as = q_at_f(&c->in[1], 0), bs = q_at_f(&c->in[4], 0), cs = q_at_f(&c->in[6], 0);
-    const int32_t az = c->nin > 2 ? q_at_i(&c->in[2], 0) : 0, bz = c->nin > 5 ? q_at_i(&c->in[5], 0) : 0;
-    const int32_t cz = c->nin > 7 ? q_at_i(&c->in[7], 0) : 0;
-    const float ra = as / cs, rb = bs / cs, rm = as * bs / cs;
-    int32_t lo, hi;
-    q_range(y->dtype, &lo, &hi);
-    int s8 = y->dtype == ENG_DTYPE_I8, r = y->ndim;
-    int64_t n = eng_tensor_numel(y), sa[ENG_MAX_DIMS], sb[ENG_MAX_DIMS], idx[ENG_MAX_DIMS] = {0};
-    int64_t st_a = 1, st_b = 1;
+    q_bin_k k = {.mul = p->mul, .s8 = y->dtype == ENG_DTYPE_I8, .ra = as / cs, .rb = bs / cs, .rm = as * bs / cs,
+                 .az = c->nin > 2 ? q_at_i(&c->in[2], 0) : 0, .bz = c->nin > 5 ? q_at_i(&c->in[5], 0) : 0,
+                 .cz = c->nin > 7 ? q_at_i(&c->in[7], 0) : 0};
+    q_range(y->dtype, &k.lo, &k.hi);
+    int r = y->ndim;
+    int64_t n = eng_tensor_numel(y);
+    if (n == 0) return ENG_STATUS_OK;
+    if (eng_shape_equal(a, y) && eng_shape_equal(b, y)) {
+        q_binary_row(&k, a->data, 1, b->data, 1, y->data, n);
+        return ENG_STATUS_OK;
+    }
+    int64_t sa[ENG_MAX_DIMS], sb[ENG_MAX_DIMS], idx[ENG_MAX_DIMS] = {0}, st_a = 1, st_b = 1;
     for (int d = r - 1; d >= 0; d--) { /* strides of a and b in y's coordinates */
         int da = d - (r - a->ndim), db = d - (r - b->ndim);
         int64_t ea = da >= 0 ? a->dims[da] : 1, eb = db >= 0 ? b->dims[db] : 1;
         sa[d] = ea == 1 ? 0 : st_a, sb[d] = eb == 1 ? 0 : st_b;
         st_a *= ea, st_b *= eb;
     }
-    int flat = eng_shape_equal(a, y) && eng_shape_equal(b, y);
-    int64_t oa = 0, ob = 0, i0 = 0;
-#ifdef __AVX512F__
-    if (flat) { /* the same float32 operations as the loop below, 16 lanes at a time (residual adds) */
-        const __m512 vra = _mm512_set1_ps(ra), vrb = _mm512_set1_ps(rb), vrm = _mm512_set1_ps(rm);
-        const __m512i vaz = _mm512_set1_epi32(az), vbz = _mm512_set1_epi32(bz), vcz = _mm512_set1_epi32(cz);
-        const __m512i vlo = _mm512_set1_epi32(lo), vhi = _mm512_set1_epi32(hi);
-        for (; i0 + 16 <= n; i0 += 16) {
-            __m128i xa = _mm_loadu_si128((const __m128i *)((const char *)a->data + i0));
-            __m128i xb = _mm_loadu_si128((const __m128i *)((const char *)b->data + i0));
-            __m512i ia = _mm512_sub_epi32(s8 ? _mm512_cvtepi8_epi32(xa) : _mm512_cvtepu8_epi32(xa), vaz);
-            __m512i ib = _mm512_sub_epi32(s8 ? _mm512_cvtepi8_epi32(xb) : _mm512_cvtepu8_epi32(xb), vbz);
-            __m512 v = p->mul ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(ia, ib)), vrm)
-                              : _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ia), vra), _mm512_mul_ps(_mm512_cvtepi32_ps(ib), vrb));
-            v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-1e9f)), _mm512_set1_ps(1e9f)); /* int32-safe */
-            __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), vcz); /* cvtps rounds half to even (MXCSR default) */
-            q = _mm512_min_epi32(_mm512_max_epi32(q, vlo), vhi);
-            _mm_storeu_si128((__m128i *)((char *)y->data + i0), _mm512_cvtepi32_epi8(q));
+    int64_t inner = r ? y->dims[r - 1] : 1, rows = n / (inner ? inner : 1), oa = 0, ob = 0;
+    int64_t ia = r ? sa[r - 1] : 0, ib = r ? sb[r - 1] : 0;
+    for (int64_t row = 0; row < rows; row++) {
+        q_binary_row(&k, (const char *)a->data + oa, ia, (const char *)b->data + ob, ib, (char *)y->data + row * inner, inner);
+        for (int d = r - 2; d >= 0; d--) {
+            oa += sa[d], ob += sb[d];
+            if (++idx[d] < y->dims[d]) break;
+            oa -= sa[d] * idx[d], ob -= sb[d] * idx[d];
+            idx[d] = 0;
         }
-    }
-#endif
-    for (int64_t i = flat ? i0 : 0; i < n; i++) {
-        int64_t ia = flat ? i : oa, ib = flat ? i : ob;
-        int32_t va = s8 ? ((const int8_t *)a->data)[ia] : ((const uint8_t *)a->data)[ia];
-        int32_t vb = s8 ? ((const int8_t *)b->data)[ib] : ((const uint8_t *)b->data)[ib];
-        float v = p->mul ? (float)((va - az) * (vb - bz)) * rm : (float)(va - az) * ra + (float)(vb - bz) * rb;
-        v = v < -1e9f ? -1e9f : v > 1e9f ? 1e9f : v; /* int32-safe; saturates below anyway */
-        int32_t q = (int32_t)nearbyintf(v) + cz;
-        q = q < lo ? lo : q > hi ? hi : q;
-        if (s8) ((int8_t *)y->data)[i] = (int8_t)q;
-        else ((uint8_t *)y->data)[i] = (uint8_t)q;
-        if (!flat)
-            for (int d = r - 1; d >= 0; d--) {
-                oa += sa[d], ob += sb[d];
-                if (++idx[d] < y->dims[d]) break;
-                oa -= sa[d] * idx[d], ob -= sb[d] * idx[d];
-                idx[d] = 0;
-            }
     }
     return ENG_STATUS_OK;
 }
@@ -443,8 +476,8 @@ static eng_status q_binary_init(krn_call *c) {
 }
 
 static void q_binary_describe(const krn_call *c, krn_impl_info *info) {
-    int flat = eng_shape_equal(&c->in[0], &c->out[0]) && eng_shape_equal(&c->in[3], &c->out[0]);
-    krn_str_copy(info->impl, sizeof info->impl, flat ? "int8 avx512 loop (float32 rescale, as MLAS)" : "int8 loop, broadcast");
+    (void)c;
+    krn_str_copy(info->impl, sizeof info->impl, "int8 avx512 rows (float32 rescale, as MLAS)");
 }
 
 eng_status krn_cpu_qmatmul_init(krn_call *c);
