@@ -2,7 +2,7 @@
  * kernels with fp32 accumulation; outputs in the plan's dtype (fp32, or bf16 where the precision pass stored
  * them so). The fp32 kernels (grad-nn.c: OpenBLAS) stay for everything these do not take.
  *
- * MatMulGrad: dA = dY B^T and dB = A^T dY on the bf16 matmul (brgemm).
+ * MatMulGrad: dA = dY B^T and dB = A^T dY on the bf16 matmul (brgemm); fp32 plans use the same primitives in f32.
  * Shapes taken (compute_ok): B of rank 2 (a dense layer's kernel: A's leading dims collapse into rows, so dB sums
  * over the whole batch in one product), or A and B of the same rank >= 3 with equal batch dims (attention's
  * batched products). Anything else (broadcast batch dims, 1-D operands) keeps the fp32 sgemm kernel.
@@ -126,36 +126,48 @@ static eng_status gm_build(gm_prim *p, const dnnl_memory_desc_t *src, const dnnl
 static eng_status gm_init_state(krn_call *c, gm_state *s) {
     gm_geo g;
     gm_geo_get(c, &g);
+    const dnnl_data_type_t cdt = c->compute == ENG_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
     /* the three operands as stored, and as bf16 buffers of the same layout */
     int64_t rows[3] = {g.M, g.M, g.K}, cols[3] = {g.N, g.K, g.N};
     dnnl_memory_desc_t bf[3];
     for (int i = 0; i < 3; i++) {
         dnnl_memory_desc_t plain;
         ENG_TRY(gm_md(&plain, &g, rows[i], cols[i], 0, krn_dnnl_dt(c->in[i].dtype)));
-        ENG_TRY(gm_md(&bf[i], &g, rows[i], cols[i], 0, dnnl_bf16));
+        ENG_TRY(gm_md(&bf[i], &g, rows[i], cols[i], 0, cdt));
         ENG_TRY(krn_dnnl_io_reorder(&plain, &bf[i], 1, &s->cv[i], &s->buf[i]));
     }
     if (c->nout > 0 && c->out[0].dtype != ENG_DTYPE_UNDEFINED) { /* dA (M, K) = dY (M, N) . B^T (N, K) */
         dnnl_memory_desc_t bt, da;
-        ENG_TRY(gm_md(&bt, &g, g.K, g.N, 1, dnnl_bf16));
+        ENG_TRY(gm_md(&bt, &g, g.K, g.N, 1, cdt));
         ENG_TRY(gm_md(&da, &g, g.M, g.K, 0, krn_dnnl_dt(c->out[0].dtype)));
         ENG_TRY(gm_build(&s->p[0], &bf[GM_DY], &bt, &da));
     }
     if (c->nout > 1 && c->out[1].dtype != ENG_DTYPE_UNDEFINED) { /* dB (K, N) = A^T (K, M) . dY (M, N) */
         dnnl_memory_desc_t at, db;
-        ENG_TRY(gm_md(&at, &g, g.M, g.K, 1, dnnl_bf16));
+        ENG_TRY(gm_md(&at, &g, g.M, g.K, 1, cdt));
         ENG_TRY(gm_md(&db, &g, g.K, g.N, 0, krn_dnnl_dt(c->out[1].dtype)));
         ENG_TRY(gm_build(&s->p[1], &at, &bf[GM_DY], &db));
     }
     const gm_prim *any = s->p[0].pd ? &s->p[0] : &s->p[1];
-    snprintf(s->desc, sizeof s->desc, "%s (bf16 dA, dB)%s", any->pd ? krn_dnnl_impl_name(any->pd) : "-",
+    snprintf(s->desc, sizeof s->desc, "%s (%s dA, dB)%s", any->pd ? krn_dnnl_impl_name(any->pd) : "-",
+             cdt == dnnl_bf16 ? "bf16" : "f32",
              s->buf[0] || s->buf[1] || s->buf[2] ? " +convert" : "");
     return ENG_STATUS_OK;
 }
 
+/* fp32 takes the same oneDNN matmuls where the shapes allow (brgemm: several times OpenBLAS's per-batch sgemm on
+ * a transformer's gradients), else the sgemm kernel (grad-nn.c, no state). */
+static int gm_f32_ok(const krn_call *c) {
+    gm_geo g;
+    if (c->nin != 3 || getenv("TENSORD_GRAD_SGEMM")) return 0;
+    for (int i = 0; i < 3; i++)
+        if (c->in[i].dtype != ENG_DTYPE_F32) return 0;
+    return gm_geo_get(c, &g) && g.M > 0 && g.K > 0 && g.N > 0;
+}
+
 static eng_status gm_init(krn_call *c) {
-    if (!c->compute) return ENG_STATUS_OK; /* fp32: the sgemm kernel, no state */
-    if (!gm_compute_ok(c, c->compute))
+    if (!c->compute && !gm_f32_ok(c)) return ENG_STATUS_OK;
+    if (c->compute && !gm_compute_ok(c, c->compute))
         return eng_err(ENG_STATUS_INTERNAL, "MatMulGrad cannot compute in %s here", eng_dtype_name(c->compute));
     gm_state *s = calloc(1, sizeof *s);
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "MatMulGrad state");
@@ -163,6 +175,10 @@ static eng_status gm_init(krn_call *c) {
     eng_status st = gm_init_state(c, s);
     if (st != ENG_STATUS_OK) {
         gm_free(s);
+        if (!c->compute) { /* fp32: the sgemm kernel takes what oneDNN did not */
+            eng_err_clear();
+            return ENG_STATUS_OK;
+        }
         return st;
     }
     c->state = s;
