@@ -79,7 +79,8 @@ run() {                     # logs the command (WORK: the temp dir, DATA: the da
     "$@"
 }
 
-fail=0 rows="" notes="" timing=""
+fail=0 rows="" notes="" timing="" mixed_rows=""
+MIXED_BAR=0.5
 for arch in ${ARCHS//,/ }; do
     base="$WORK/$arch"
     echo "== $arch: init, train $EPOCHS epochs" >&2
@@ -121,6 +122,22 @@ for arch in ${ARCHS//,/ }; do
         fail=1
     fi
 
+    # mixed_bf16 training from the same start (version 1), the same settings: within MIXED_BAR points of fp32
+    # training's accuracy (both evaluated at fp32, as Keras's mixed policy serves its fp32 master weights)
+    t0=$(now)
+    run "$BIN" train --model-base-path "$base" --base-version 1 --new-version 50 --data "$TRAIN" --val-data "$TEST" \
+        --epochs "$EPOCHS" --batch-size 64 --optimizer adam --lr 1e-3 --loss sparse_categorical_crossentropy \
+        --seed 0 --precision mixed_bf16 --no-progress "${THR[@]}" >"$WORK/$arch-train-mixed.out"
+    t1=$(now)
+    mixed=$(run "$BIN" evaluate --model-base-path "$base" --version 50 --data "$TEST" "${THR[@]}" | jq -er .accuracy)
+    md=$(pts "$mixed" "$fp32") mok=$(met "$md" "$MIXED_BAR")
+    [ "$mok" = yes ] || fail=1
+    eps32=$(jq -r '.epochs[-1].examples_per_sec' "$base/2/metrics.json")
+    eps16=$(jq -r '.epochs[-1].examples_per_sec' "$base/50/metrics.json")
+    echo "   mixed_bf16 training: top-1 $(pct "$mixed")% ($md points)" >&2
+    mixed_rows+="| $arch | $(pct "$fp32") | $(pct "$mixed") | $md | $mok | $(printf %.0f "$eps32") | $(printf %.0f "$eps16") |"$'\n'
+    timing+="- $arch: mixed_bf16 training $(secs "$t0" "$t1") s"$'\n'
+
     v=3
     for m in ${METHODS//,/ }; do
         t0=$(now)
@@ -160,6 +177,12 @@ deltas in points (low precision - fp32), agreement = share of test images whose 
 | arch | fp32 top-1 | int8 top-1 (method) | delta | int8 bar (<= $INT8_BAR) met? | bf16 top-1 | delta | bf16 bar (<= $BF16_BAR) met? | int8 agreement | bf16 agreement |
 |---|---|---|---|---|---|---|---|---|---|
 ${rows}
+Mixed-precision training (\`tensord train --precision mixed_bf16\`, same start and settings; both versions evaluated
+at fp32; bar: within $MIXED_BAR points of fp32 training; examples/s of the last epoch from metrics.json):
+
+| arch | fp32-trained top-1 | mixed_bf16-trained top-1 | delta | bar (<= $MIXED_BAR) met? | fp32 examples/s | mixed_bf16 examples/s |
+|---|---|---|---|---|---|---|
+${mixed_rows}
 ${notes:+Notes:
 $notes
 }Timings (wall):
