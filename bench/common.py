@@ -182,6 +182,16 @@ def load_note(load_start):
     return None
 
 
+def print_notes(notes, load_start, label, t_start):
+    """The end of a benchmark's printout: its notes, the load note if other work competed, and its wall time."""
+    for n_ in notes:
+        print("note: " + n_)
+    ln = load_note(load_start)
+    if ln:
+        print(ln)
+    print(f"{label} wall time {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+
+
 def fmt(x, nd=3):
     return "n/a" if x is None else f"{x:.{nd}f}"
 

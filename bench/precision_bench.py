@@ -51,8 +51,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import machine  # noqa: E402
 import realarch  # noqa: E402  (export and the oneDNN `ref*` step parser)
-from common import (TOL, command_line, fmt, input_args, load_note, machine_info, max_rel_err,  # noqa: E402
-                    ort_session, run_tensord, tensord_bench, time_ort)
+from common import (TOL, command_line, fmt, input_args, machine_info, max_rel_err, ort_session, print_notes,  # noqa: E402
+                    run_tensord, tensord_bench, time_ort)
 
 MODELS = ["resnet50", "bert_base"]
 BATCH = 16
@@ -576,12 +576,7 @@ def main():
         print("\nWhere the time goes (TENSORD_PROFILE=1, mean ms per step summed by operator type, first run "
               "included):")
         print("\n".join(prof_lines))
-    for n_ in notes:
-        print("note: " + n_)
-    ln = load_note(args.load_start)
-    if ln:
-        print(ln)
-    print(f"precision_bench wall time {time.perf_counter() - args.t_start:.0f} s", file=sys.stderr)
+    print_notes(notes, args.load_start, "precision_bench", args.t_start)
 
     if args.save:
         res = os.path.join(HERE, "results")

@@ -34,8 +34,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from common import (TOL, alternate, command_line, fmt, input_args, load_note, machine_info,  # noqa: E402
-                    max_rel_err, ort_session, run_tensord)
+from common import (TOL, alternate, command_line, fmt, input_args, machine_info, max_rel_err, ort_session,  # noqa: E402
+                    print_notes, run_tensord)
 
 EXPORTER = os.path.join(HERE, "realarch_export.py")
 # kept in step with realarch_export.MODELS (that module imports torch, which this Python does not have)
@@ -250,12 +250,7 @@ def main():
     if detail:
         print("\noneDNN reference-kernel (ref*) steps, per model and batch (count x primitive impl problem "
               "[memory descs] [attrs]):" + "\n".join(detail))
-    for n_ in notes:
-        print("note: " + n_)
-    ln = load_note(args.load_start)
-    if ln:
-        print(ln)
-    print(f"realarch wall time {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+    print_notes(notes, args.load_start, "realarch", t_start)
 
     if args.save:
         res = os.path.join(HERE, "results")

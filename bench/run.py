@@ -26,8 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import models  # noqa: E402
-from common import (TOL, alternate, command_line, fmt, load_note, machine_info, max_rel_err,  # noqa: E402
-                    ort_session, run_tensord)
+from common import (TOL, alternate, command_line, fmt, machine_info, max_rel_err, ort_session, print_notes,  # noqa: E402
+                    run_tensord)
 
 
 def parse_args():
@@ -125,12 +125,7 @@ def main():
                      f"| {fmt(r['td_p90'])} | {fmt(r['ort_p90'])} | {err} | {r['n']} | {r['status'] or 'ok'} |")
     table = "\n".join(lines)
     print(table)
-    for n_ in notes:
-        print("note: " + n_)
-    ln = load_note(args.load_start)
-    if ln:
-        print(ln)
-    print(f"bench wall time {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+    print_notes(notes, args.load_start, "bench", t_start)
 
     if args.save:
         info = machine_info(args.threads, args.load_start)

@@ -53,6 +53,9 @@ struct eng_plan {
 eng_status plan_precision(eng_plan *p);
 
 
+/* in/out: node n's inputs and outputs as the plan holds them now; omitted ones zeroed. */
+void plan_node_tensors(const eng_plan *p, const eng_node *n, eng_tensor *in, eng_tensor *out);
+
 /* Arena bytes the static plan's activations need (liveness-based reuse), without allocating. */
 eng_status plan_arena_need(eng_plan *p, size_t *bytes);
 

@@ -82,15 +82,7 @@ eng_status eng_plan_precision_check(const eng_graph *g, const krn_backend *b, en
 /* The call step si would make, shapes and dtypes as the plan has them now, no data. */
 static void step_call(const eng_plan *p, const plan_step *s, eng_tensor *in, eng_tensor *out, krn_call *c) {
     const eng_node *n = &p->g->nodes[s->node];
-    for (int i = 0; i < n->nin; i++) {
-        int v = n->inputs[i];
-        if (v < 0 || p->kind[v] == VAL_NONE) memset(&in[i], 0, sizeof in[i]);
-        else in[i] = p->vals[v];
-    }
-    for (int i = 0; i < n->nout; i++) {
-        if (n->outputs[i] >= 0) out[i] = p->vals[n->outputs[i]];
-        else memset(&out[i], 0, sizeof out[i]);
-    }
+    plan_node_tensors(p, n, in, out);
     *c = (krn_call){.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
                     .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute};
 }

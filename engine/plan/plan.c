@@ -48,6 +48,19 @@ static const char *node_label(const eng_node *n, char *buf, size_t len) {
     return buf;
 }
 
+/* in/out: node n's inputs and outputs as the plan holds them now (dtype, shape, data); omitted ones zeroed. */
+void plan_node_tensors(const eng_plan *p, const eng_node *n, eng_tensor *in, eng_tensor *out) {
+    for (int i = 0; i < n->nin; i++) {
+        int v = n->inputs[i];
+        if (v < 0 || p->kind[v] == VAL_NONE) memset(&in[i], 0, sizeof in[i]);
+        else in[i] = p->vals[v];
+    }
+    for (int i = 0; i < n->nout; i++) {
+        if (n->outputs[i] >= 0) out[i] = p->vals[n->outputs[i]];
+        else memset(&out[i], 0, sizeof out[i]);
+    }
+}
+
 /* Build an op context's tensors for node n from vals. */
 static void ctx_fill(const eng_plan *p, const eng_node *n, eng_tensor *in, eng_tensor *out) {
     for (int i = 0; i < n->nin; i++) {
@@ -251,9 +264,7 @@ static eng_status init_steps(eng_plan *p) {
         plan_step *s = &p->steps[si];
         if (!s->kernel || !s->kernel->init) continue;
         const eng_node *n = &g->nodes[s->node];
-        ctx_fill(p, n, in, out);
-        for (int i = 0; i < n->nout; i++)
-            if (n->outputs[i] >= 0) out[i] = p->vals[n->outputs[i]];
+        plan_node_tensors(p, n, in, out);
         krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
                       .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute};
         eng_status st = s->kernel->init(&c);
@@ -538,15 +549,7 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
                 p->vals[n->outputs[0]].data = p->vals[n->inputs[0]].data;
                 continue;
             }
-            for (int i = 0; i < n->nin; i++) {
-                int v = n->inputs[i];
-                if (v < 0 || p->kind[v] == VAL_NONE) memset(&in[i], 0, sizeof in[i]);
-                else in[i] = p->vals[v];
-            }
-            for (int i = 0; i < n->nout; i++) {
-                if (n->outputs[i] >= 0) outs[i] = p->vals[n->outputs[i]];
-                else memset(&outs[i], 0, sizeof outs[i]);
-            }
+            plan_node_tensors(p, n, in, outs);
             krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = outs, .nout = n->nout,
                           .state = s->state, .nthreads = p->nthreads, .const_mask = s->const_mask,
                           .compute = s->compute};

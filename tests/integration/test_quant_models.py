@@ -143,7 +143,11 @@ def test_quantized_model(tensord, tmp_path, arch, how, ops):
     assert ops <= types, f"{how} produced {sorted(types)}, expected {sorted(ops)} among them"
     assert all(n.domain in ("", "ai.onnx") for n in q.graph.node), \
         f"{how} produced contrib ops: {sorted({(n.domain, n.op_type) for n in q.graph.node if n.domain})}"
-    feeds = {"x": randn(shape, 7)}
+    assert_within_one_step(tensord, q, {"x": randn(shape, 7)})
+
+
+def assert_within_one_step(tensord, q, feeds):
+    """tensord predict on quantized model q: output y within one output step of onnxruntime's."""
     res = tensord.predict(tensord.save_model(q), feeds, threads=2)
     assert_no_crash(res)
     assert res.returncode == 0, f"tensord predict failed\n{res.describe()}"
@@ -173,15 +177,7 @@ def test_qoperator_contrib_ops(tensord, tmp_path, arch):
     contrib = {n.op_type for n in q.graph.node if n.domain == "com.microsoft"}
     want_ops = {"QLinearAdd"} if arch == "mlp" else {"QLinearAdd", "QLinearMul"}
     assert want_ops <= contrib, f"expected {want_ops} among {sorted(contrib)}"
-    feeds = {"x": randn(shape, 7)}
-    res = tensord.predict(tensord.save_model(q), feeds, threads=2)
-    assert_no_crash(res)
-    assert res.returncode == 0, f"tensord predict failed\n{res.describe()}"
-    want = ort_run(q, feeds)["y"]
-    got = res.outputs["y"]
-    step = output_step(q, want)
-    err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
-    assert err <= step * (1 + 1e-5), f"max |tensord - ort| = {err:.6g} > one output step {step:.6g}"
+    assert_within_one_step(tensord, q, {"x": randn(shape, 7)})
 
 
 def test_unknown_contrib_op_is_a_clean_error(tensord, tmp_path):
