@@ -6,7 +6,10 @@
  *     fast (krn_kernel.compute_ok: convolutions and matmuls with oneDNN's bf16 kernels) computes in it, with
  *     fp32 accumulation; its weights are converted once, when the kernel initialises (plan-owned buffers);
  *  2. an activation written by such a step and read only by such steps is stored in the reduced dtype, so a
- *     chain of convolutions (a ResNet's blocks) passes bf16 from one to the next with no conversion;
+ *     chain of convolutions (a ResNet's blocks) passes bf16 from one to the next with no conversion; fp32 steps
+ *     whose kernels convert inside (krn_kernel.io_ok: LayerNorm, Add) may write or read such an activation too,
+ *     so BERT's LayerNorm output reaches its Q, K and V matmuls in bf16, converted once instead of three times
+ *     (the residual stream, an Add's output, stays fp32);
  *  3. everything else stays fp32: softmax, normalisation statistics, losses, eltwise ops, and the graph
  *     outputs, which are returned in the signature's dtype. A reduced-precision step that reads an fp32
  *     activation converts it inside its kernel (a counted reorder, shown by TENSORD_PROFILE=1).
@@ -87,11 +90,21 @@ static void step_call(const eng_plan *p, const plan_step *s, eng_tensor *in, eng
                     .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute};
 }
 
-static int step_ok(const eng_plan *p, const plan_step *s, eng_dtype dt) {
+/* Step s can run as the plan has it now: computing in dt (when s->compute == dt or `compute`), or, for an fp32
+ * step, with some of its tensors in dt (io_ok). */
+static int step_can(const eng_plan *p, const plan_step *s, eng_dtype dt, int compute) {
     eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];
     krn_call c;
     step_call(p, s, in, out, &c);
-    return s->kernel->compute_ok(&c, dt);
+    if (compute || s->compute == dt) return s->kernel->compute_ok(&c, dt);
+    return s->kernel->io_ok ? s->kernel->io_ok(&c, dt) : 0;
+}
+
+static int step_ok(const eng_plan *p, const plan_step *s, eng_dtype dt) { return step_can(p, s, dt, 0); }
+
+/* Step s may read or write a dt tensor at all (computing in it, or converting inside). */
+static int step_takes(const plan_step *s, eng_dtype dt) {
+    return s->kernel && (s->compute == dt || s->kernel->io_ok);
 }
 
 static int value_is_graph_output(const eng_graph *g, int v) {
@@ -100,24 +113,27 @@ static int value_is_graph_output(const eng_graph *g, int v) {
     return 0;
 }
 
-/* Store value v (written by a reduced-precision step) in dt if every step that reads it computes in dt and
- * still can with v in dt; *readers_out gets the steps that read it. */
+/* Store value v (written by step `producer`) in dt if its producer and every step that reads it can take it in dt,
+ * and at least one reader computes in dt (a value only fp32 steps pass between stays fp32: storing it in bf16
+ * would cost precision and buy nothing). */
 static int demote_value(eng_plan *p, int v, int producer, eng_dtype dt) {
     const eng_graph *g = p->g;
     if (p->kind[v] != VAL_ARENA || p->root[v] != v || p->vals[v].dtype != ENG_DTYPE_F32 || value_is_graph_output(g, v))
         return 0;
-    int nread = 0;
+    if (!step_takes(&p->steps[producer], dt)) return 0;
+    int nread = 0, ncompute = 0;
     for (int si = 0; si < p->nsteps; si++) {
         const plan_step *s = &p->steps[si];
         const eng_node *n = &g->nodes[s->node];
         for (int i = 0; i < n->nin; i++)
             if (n->inputs[i] == v) {
-                if (s->compute != dt || !s->kernel) return 0; /* an fp32 reader, or an alias (Reshape...) */
+                if (!step_takes(s, dt)) return 0; /* an fp32-only reader, or an alias (Reshape...) */
                 nread++;
+                ncompute += s->compute == dt;
                 break;
             }
     }
-    if (!nread) return 0;
+    if (!nread || !ncompute) return 0;
     p->vals[v].dtype = dt;
     int ok = step_ok(p, &p->steps[producer], dt);
     for (int si = 0; ok && si < p->nsteps; si++) {
@@ -155,11 +171,11 @@ eng_status plan_precision(eng_plan *p) {
         if (!s->kernel || !s->def->kernel || node_kept_fp32(p, &p->g->nodes[s->node])) continue;
         const krn_kernel *k = krn_backend_find_dtype(b, s->def->kernel, dt);
         if (!k || k != s->kernel) continue;
-        if (step_ok(p, s, dt)) s->compute = dt, p->lowp_steps++;
+        if (step_can(p, s, dt, 1)) s->compute = dt, p->lowp_steps++;
     }
     for (int si = 0; si < p->nsteps; si++) {
         const plan_step *s = &p->steps[si];
-        if (s->compute != dt) continue;
+        if (!step_takes(s, dt)) continue;
         const eng_node *n = &p->g->nodes[s->node];
         if (n->nout > 0 && n->outputs[0] >= 0 && demote_value(p, n->outputs[0], si, dt)) p->lowp_values++;
     }

@@ -355,7 +355,44 @@ static int ew_blocked_channel_op(int op, const eng_tensor *x, const eng_tensor *
     return 1;
 }
 
+/* io_ok (kernel.h): plain-layout binary ops may read bf16 operands (converted to float32 first); the output stays
+ * float32 (a residual stream is never stored in bf16). */
+static int binary_io_ok(const krn_call *c, eng_dtype dt) {
+    const krn_binary_params *p = c->params;
+    if (dt != ENG_DTYPE_BF16 || !p || p->layout || p->b_override || c->nin != 2 || c->out[0].dtype != ENG_DTYPE_F32) return 0;
+    for (int i = 0; i < 2; i++)
+        if (c->in[i].dtype != ENG_DTYPE_F32 && c->in[i].dtype != ENG_DTYPE_BF16) return 0;
+    return 1;
+}
+
+static eng_status binary_exec_f32(krn_call *c);
+
 static eng_status binary_exec(krn_call *c) {
+    if (c->nin == 2 && c->out[0].dtype == ENG_DTYPE_F32 &&
+        (c->in[0].dtype == ENG_DTYPE_BF16 || c->in[1].dtype == ENG_DTYPE_BF16)) { /* io_ok's case */
+        eng_tensor in[2] = {c->in[0], c->in[1]};
+        void *tmp[2] = {NULL, NULL};
+        eng_status st = ENG_STATUS_OK;
+        for (int i = 0; i < 2 && st == ENG_STATUS_OK; i++) {
+            if (in[i].dtype != ENG_DTYPE_BF16) continue;
+            int64_t n = eng_tensor_numel(&in[i]);
+            if (!(tmp[i] = eng_alloc((size_t)(n ? n : 1) * sizeof(float))))
+                st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "bf16 operand");
+            else st = eng_convert(in[i].data, ENG_DTYPE_BF16, tmp[i], ENG_DTYPE_F32, n);
+            in[i].data = tmp[i], in[i].dtype = ENG_DTYPE_F32;
+        }
+        if (st == ENG_STATUS_OK) {
+            krn_call c2 = *c;
+            c2.in = in;
+            st = binary_exec_f32(&c2);
+        }
+        eng_free(tmp[0]), eng_free(tmp[1]);
+        return st;
+    }
+    return binary_exec_f32(c);
+}
+
+static eng_status binary_exec_f32(krn_call *c) {
     const krn_binary_params *p = c->params;
     eng_tensor a = c->in[0], b = c->in[1];
     eng_tensor *out = &c->out[0], ob;
@@ -611,7 +648,7 @@ static eng_status cast_exec(krn_call *c) {
 
 const krn_kernel krn_cpu_eltwise_kernels[] = {
     {"eltwise_unary", NULL, unary_exec, NULL},
-    {"eltwise_binary", NULL, binary_exec, NULL},
+    {"eltwise_binary", NULL, binary_exec, NULL, NULL, NULL, binary_io_ok},
     {"eltwise_variadic", NULL, variadic_exec, NULL},
     {"eltwise_where", NULL, where_exec, NULL},
     {"eltwise_clip", NULL, clip_exec, NULL},

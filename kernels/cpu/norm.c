@@ -243,6 +243,21 @@ static void *norm_expand(const eng_tensor *t, const int64_t *dims, int nd, int64
 LAYERNORM_DEFINE(float, f32, sqrtf)
 LAYERNORM_DEFINE(double, f64, sqrt)
 
+/* io_ok (kernel.h): x and y may be bf16 (converted to and from float32 rows: the statistics, the scale and the
+ * shift stay float32); the statistics outputs stay float32. */
+int krn_cpu_layernorm_io_ok(const krn_call *c, eng_dtype dt) {
+    if (dt != ENG_DTYPE_BF16 || c->nin < 2) return 0;
+    for (int i = 0; i < c->nin; i++) {
+        eng_dtype t = c->in[i].dtype;
+        if (t != ENG_DTYPE_UNDEFINED && t != ENG_DTYPE_F32 && !(i == 0 && t == ENG_DTYPE_BF16)) return 0;
+    }
+    for (int i = 0; i < c->nout; i++) {
+        eng_dtype t = c->out[i].dtype;
+        if (t != ENG_DTYPE_UNDEFINED && t != ENG_DTYPE_F32 && !(i == 0 && t == ENG_DTYPE_BF16)) return 0;
+    }
+    return 1;
+}
+
 eng_status krn_cpu_layernorm_exec(krn_call *c) {
     const krn_layernorm_params *p = c->params;
     const eng_tensor *x = &c->in[0];

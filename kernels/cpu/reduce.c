@@ -54,6 +54,7 @@ eng_status krn_cpu_topk_exec(krn_call *c);
 eng_status krn_cpu_cumsum_exec(krn_call *c);
 eng_status krn_cpu_softmax_exec(krn_call *c);
 eng_status krn_cpu_layernorm_exec(krn_call *c);
+int krn_cpu_layernorm_io_ok(const krn_call *c, eng_dtype dt);
 eng_status krn_cpu_batchnorm_init(krn_call *c);
 eng_status krn_cpu_batchnorm_exec(krn_call *c);
 void krn_cpu_batchnorm_free(void *state);
@@ -191,7 +192,7 @@ const krn_kernel krn_cpu_reduce_kernels[] = {
     {"topk", NULL, krn_cpu_topk_exec, NULL},
     {"cumsum", NULL, krn_cpu_cumsum_exec, NULL},
     {"softmax", NULL, krn_cpu_softmax_exec, NULL},
-    {"layernorm", NULL, krn_cpu_layernorm_exec, NULL},
+    {"layernorm", NULL, krn_cpu_layernorm_exec, NULL, NULL, NULL, krn_cpu_layernorm_io_ok},
     {"batchnorm", krn_cpu_batchnorm_init, krn_cpu_batchnorm_exec, krn_cpu_batchnorm_free},
     {"instnorm", NULL, krn_cpu_instnorm_exec, NULL},
     {"lrn", NULL, krn_cpu_lrn_exec, NULL},
