@@ -7,9 +7,10 @@
  *     fp32 accumulation; its weights are converted once, when the kernel initialises (plan-owned buffers);
  *  2. an activation written by such a step and read only by such steps is stored in the reduced dtype, so a
  *     chain of convolutions (a ResNet's blocks) passes bf16 from one to the next with no conversion; fp32 steps
- *     whose kernels convert inside (krn_kernel.io_ok: LayerNorm, Add) may write or read such an activation too,
- *     so BERT's LayerNorm output reaches its Q, K and V matmuls in bf16, converted once instead of three times
- *     (the residual stream, an Add's output, stays fp32);
+ *     whose kernels convert inside (krn_kernel.io_ok: LayerNorm, binary eltwise, pooling) may write or read such
+ *     an activation too, so BERT's LayerNorm output reaches its Q, K and V matmuls in bf16, converted once instead
+ *     of three times, and a ResNet stem's MaxPool runs between bf16 convs (the residual stream, an Add's output,
+ *     stays fp32);
  *  3. everything else stays fp32: softmax, normalisation statistics, losses, eltwise ops, and the graph
  *     outputs, which are returned in the signature's dtype. A reduced-precision step that reads an fp32
  *     activation converts it inside its kernel (a counted reorder, shown by TENSORD_PROFILE=1).
@@ -114,8 +115,8 @@ static int value_is_graph_output(const eng_graph *g, int v) {
 }
 
 /* Store value v (written by step `producer`) in dt if its producer and every step that reads it can take it in dt,
- * and at least one reader computes in dt (a value only fp32 steps pass between stays fp32: storing it in bf16
- * would cost precision and buy nothing). */
+ * and the producer or at least one reader computes in dt (a value only fp32 steps pass between stays fp32: storing
+ * it in bf16 would cost precision and buy nothing). */
 static int demote_value(eng_plan *p, int v, int producer, eng_dtype dt) {
     const eng_graph *g = p->g;
     if (p->kind[v] != VAL_ARENA || p->root[v] != v || p->vals[v].dtype != ENG_DTYPE_F32 || value_is_graph_output(g, v))
@@ -133,7 +134,7 @@ static int demote_value(eng_plan *p, int v, int producer, eng_dtype dt) {
                 break;
             }
     }
-    if (!nread || !ncompute) return 0;
+    if (!nread || (!ncompute && p->steps[producer].compute != dt)) return 0;
     p->vals[v].dtype = dt;
     int ok = step_ok(p, &p->steps[producer], dt);
     for (int si = 0; ok && si < p->nsteps; si++) {

@@ -320,10 +320,12 @@ static eng_status pool_dnnl_build(krn_call *c, pool_state *s, dnnl_format_tag_t 
         }
     }
     dnnl_memory_desc_t smd, dmd;
-    dnnl_data_type_t dt = x->dtype == ENG_DTYPE_U8 ? dnnl_u8 : x->dtype == ENG_DTYPE_I8 ? dnnl_s8 : dnnl_f32;
+    dnnl_data_type_t dt = x->dtype == ENG_DTYPE_U8 ? dnnl_u8 : x->dtype == ENG_DTYPE_I8 ? dnnl_s8
+                          : x->dtype == ENG_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
     if (dt != dnnl_f32 && p->kind != KRN_POOL_MAX) return ENG_STATUS_UNSUPPORTED; /* integer averages: ONNX rounds differently */
+    dnnl_data_type_t ddt = y->dtype == ENG_DTYPE_BF16 ? dnnl_bf16 : y->dtype == ENG_DTYPE_F32 && dt == dnnl_bf16 ? dnnl_f32 : dt;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&smd, 4, sd, dt, tag));
-    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, 4, dd, dt, tag));
+    KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd, 4, dd, ddt, tag));
     dnnl_alg_kind_t alg = p->kind == KRN_POOL_MAX ? dnnl_pooling_max
                           : p->count_include_pad ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding;
     dnnl_pooling_v2_desc_t pdsc;
@@ -343,7 +345,8 @@ static eng_status pool_dnnl_build(krn_call *c, pool_state *s, dnnl_format_tag_t 
 eng_status krn_cpu_pool_init(krn_call *c) {
     const krn_pool_params *p = c->params;
     int int8 = c->in[0].dtype == ENG_DTYPE_U8 || c->in[0].dtype == ENG_DTYPE_I8; /* int8 stems' MaxPool */
-    if (p->global || c->nout > 1 || (c->in[0].dtype != ENG_DTYPE_F32 && !int8) || eng_tensor_numel(&c->out[0]) == 0)
+    if (p->global || c->nout > 1 || eng_tensor_numel(&c->out[0]) == 0 ||
+        (c->in[0].dtype != ENG_DTYPE_F32 && c->in[0].dtype != ENG_DTYPE_BF16 && !int8))
         return ENG_STATUS_OK;
     if (p->x_layout == KRN_NN_LAYOUT_NHWC || p->y_layout == KRN_NN_LAYOUT_NHWC) { /* the int8 layout pass's stem */
         if (!int8 || p->x_layout != p->y_layout || p->nspatial != 2)
@@ -374,8 +377,10 @@ eng_status krn_cpu_pool_init(krn_call *c) {
         eng_err_clear();
         return ENG_STATUS_OK;
     }
-    if (c->in[0].dtype != ENG_DTYPE_F32 || c->in[0].ndim != 4 || p->x_layout != KRN_NN_LAYOUT_BLOCKED)
-        return eng_err(ENG_STATUS_INTERNAL, "blocked pool output needs a blocked 4-D float32 input");
+    int bf16 = c->in[0].dtype == ENG_DTYPE_BF16 || c->out[0].dtype == ENG_DTYPE_BF16; /* krn_cpu_pool_io_ok's case */
+    if ((c->in[0].dtype != ENG_DTYPE_F32 && c->in[0].dtype != ENG_DTYPE_BF16) || c->in[0].ndim != 4 ||
+        p->x_layout != KRN_NN_LAYOUT_BLOCKED)
+        return eng_err(ENG_STATUS_INTERNAL, "blocked pool output needs a blocked 4-D float32 or bfloat16 input");
     pool_state *s = calloc(1, sizeof *s);
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool state");
     c->state = s;
@@ -383,6 +388,7 @@ eng_status krn_cpu_pool_init(krn_call *c) {
     eng_status st = pool_dnnl_build(c, s, krn_nn_blocked16(c->in[0].dims[1]) ? dnnl_nChw16c : dnnl_nhwc);
     if (st == ENG_STATUS_OK) return st;
     if (st == ENG_STATUS_OUT_OF_MEMORY) return st;
+    if (bf16) return eng_err_prefix(st != ENG_STATUS_OK ? st : ENG_STATUS_UNSUPPORTED, "bf16 pooling: ");
     eng_err_clear();
     krn_cpu_pool_free(s);
     s = calloc(1, sizeof *s);
@@ -398,6 +404,15 @@ eng_status krn_cpu_pool_init(krn_call *c) {
     if (!(s->tmp = eng_alloc(eng_tensor_nbytes(y)))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "pool: blocked output");
     snprintf(s->desc, sizeof s->desc, "tensord loops +reorder(dst)");
     return ENG_STATUS_OK;
+}
+
+/* io_ok (kernel.h): a 2-D pool in the blocked layout with bf16 in and out runs on oneDNN's bf16 pooling. */
+int krn_cpu_pool_io_ok(const krn_call *c, eng_dtype dt) {
+    const krn_pool_params *p = c->params;
+    return dt == ENG_DTYPE_BF16 && p && !p->global && c->nout == 1 && p->nspatial == 2 && p->kind != KRN_POOL_LP &&
+           p->x_layout == KRN_NN_LAYOUT_BLOCKED && p->y_layout == KRN_NN_LAYOUT_BLOCKED &&
+           (c->in[0].dtype == ENG_DTYPE_F32 || c->in[0].dtype == ENG_DTYPE_BF16) &&
+           (c->out[0].dtype == ENG_DTYPE_F32 || c->out[0].dtype == ENG_DTYPE_BF16);
 }
 
 void krn_cpu_pool_describe(const krn_call *c, krn_impl_info *info) {

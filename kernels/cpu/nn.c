@@ -33,6 +33,7 @@ extern eng_status krn_cpu_pool_exec(krn_call *c);
 extern eng_status krn_cpu_pool_init(krn_call *c);
 extern void krn_cpu_pool_free(void *s);
 extern void krn_cpu_pool_describe(const krn_call *c, krn_impl_info *info);
+extern int krn_cpu_pool_io_ok(const krn_call *c, eng_dtype dt);
 
 enum { MM_REF = 0, MM_DNNL, MM_BLAS, MM_GEMV };
 
@@ -556,6 +557,6 @@ const krn_kernel krn_cpu_nn_kernels[] = {
     {"matmul", mm_init_checked, mm_exec, mm_free, mm_describe, mm_compute_ok},
     {"conv", krn_cpu_conv_init, krn_cpu_conv_exec, krn_cpu_conv_free, krn_cpu_conv_describe, krn_cpu_conv_compute_ok},
     {"conv_transpose", krn_cpu_deconv_init, krn_cpu_deconv_exec, krn_cpu_deconv_free, krn_cpu_deconv_describe},
-    {"pool", krn_cpu_pool_init, krn_cpu_pool_exec, krn_cpu_pool_free, krn_cpu_pool_describe},
+    {"pool", krn_cpu_pool_init, krn_cpu_pool_exec, krn_cpu_pool_free, krn_cpu_pool_describe, NULL, krn_cpu_pool_io_ok},
     {NULL},
 };
