@@ -56,9 +56,10 @@ typedef struct krn_kernel {
      * c->compute == dt fast on this machine, the f32/bf16 dtypes of c's float inputs and outputs as given.
      * NULL: the kernel computes only in its tensors' own dtypes. */
     int (*compute_ok)(const krn_call *c, eng_dtype dt);
-    /* Reduced precision, for kernels that compute in fp32 (LayerNorm, Add): 1 if call c can read and write its
-     * float activations in dt where they are given so (converting inside), so that a bf16 plan can store an
-     * activation in bf16 between, say, a LayerNorm and the matmuls that read it. NULL: fp32 tensors only. */
+    /* Reduced precision, for kernels that compute in fp32 (LayerNorm, Add, pooling): nonzero if call c can read
+     * and write its float activations in dt where they are given so: 1 converting inside (a pass more), 2 natively
+     * (oneDNN's bf16 pooling). A bf16 plan then stores an activation in bf16 between, say, a LayerNorm and the
+     * matmuls that read it. NULL: fp32 tensors only. */
     int (*io_ok)(const krn_call *c, eng_dtype dt);
 } krn_kernel;
 

@@ -136,17 +136,21 @@ static int demote_value(eng_plan *p, int v, int producer, eng_dtype dt) {
     }
     if (!nread || (!ncompute && p->steps[producer].compute != dt)) return 0;
     p->vals[v].dtype = dt;
-    int ok = step_ok(p, &p->steps[producer], dt);
+    int ok = step_ok(p, &p->steps[producer], dt), native = 1;
     for (int si = 0; ok && si < p->nsteps; si++) {
         const eng_node *n = &g->nodes[p->steps[si].node];
         for (int i = 0; i < n->nin; i++)
             if (n->inputs[i] == v) {
                 ok = step_ok(p, &p->steps[si], dt);
+                if (ok == 1 && p->steps[si].compute != dt) native = 0; /* converts inside: costs a pass */
                 break;
             }
     }
+    /* with no reader computing in dt, only readers that run natively in dt (io_ok 2: pooling) make it pay; an
+     * Add that converts its operand back (io_ok 1) would cost a pass more than reading fp32 */
+    if (ok && !ncompute && !native) ok = 0;
     if (!ok) p->vals[v].dtype = ENG_DTYPE_F32;
-    return ok;
+    return ok != 0;
 }
 
 static int node_kept_fp32(const eng_plan *p, const eng_node *n) {

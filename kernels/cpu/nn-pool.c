@@ -406,13 +406,14 @@ eng_status krn_cpu_pool_init(krn_call *c) {
     return ENG_STATUS_OK;
 }
 
-/* io_ok (kernel.h): a 2-D pool in the blocked layout with bf16 in and out runs on oneDNN's bf16 pooling. */
+/* io_ok (kernel.h): a 2-D pool in the blocked layout with bf16 in and out runs on oneDNN's bf16 pooling (2:
+ * natively). */
 int krn_cpu_pool_io_ok(const krn_call *c, eng_dtype dt) {
     const krn_pool_params *p = c->params;
-    return dt == ENG_DTYPE_BF16 && p && !p->global && c->nout == 1 && p->nspatial == 2 && p->kind != KRN_POOL_LP &&
+    return 2 * (dt == ENG_DTYPE_BF16 && p && !p->global && c->nout == 1 && p->nspatial == 2 && p->kind != KRN_POOL_LP &&
            p->x_layout == KRN_NN_LAYOUT_BLOCKED && p->y_layout == KRN_NN_LAYOUT_BLOCKED &&
            (c->in[0].dtype == ENG_DTYPE_F32 || c->in[0].dtype == ENG_DTYPE_BF16) &&
-           (c->out[0].dtype == ENG_DTYPE_F32 || c->out[0].dtype == ENG_DTYPE_BF16);
+           (c->out[0].dtype == ENG_DTYPE_F32 || c->out[0].dtype == ENG_DTYPE_BF16));
 }
 
 void krn_cpu_pool_describe(const krn_call *c, krn_impl_info *info) {
