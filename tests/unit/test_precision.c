@@ -301,3 +301,67 @@ Test(precision, matmul_grad_bf16) {
     const int64_t batched[3][4] = {{2, 3, 8, 16}, {2, 3, 8, 24}, {2, 3, 24, 16}};
     check_grad_node("MatMulGrad", 3, 2, batched, (int[]){4, 4, 4}, -1, 1, 1e-4);
 }
+
+/* A ResNet-like stem, conv -> Relu -> MaxPool 3x3/2 -> conv, 16 and 32 channels (blocked layouts): in bf16 the pool
+ * runs on oneDNN's bf16 pooling between the two bf16 convs, so both activations around it are bf16. */
+static void attr_ints(eng_graph *g, int node, const char *name, const int64_t *v, int n) {
+    eng_attr a = {.name = (char *)name, .type = ENG_ATTR_INTS, .ints = (int64_t *)v, .n = n};
+    eng_node_add_attr(g, node, &a);
+}
+
+static int weight(eng_graph *g, const char *name, int64_t m, int64_t c) {
+    int v = eng_graph_add_value(g, name);
+    eng_tensor *t = calloc(1, sizeof *t);
+    t->dtype = ENG_DTYPE_F32, t->ndim = 4, t->dims[0] = m, t->dims[1] = c, t->dims[2] = 3, t->dims[3] = 3;
+    int64_t n = eng_tensor_numel(t);
+    t->data = eng_alloc((size_t)n * sizeof(float));
+    for (int64_t k = 0; k < n; k++) ((float *)t->data)[k] = (float)((double)(mdl_splitmix64(&rng) >> 11) * 0x1.0p-53 - 0.5) * 0.2f;
+    eng_value_set_init(g, v, t);
+    return v;
+}
+
+Test(precision, stem_pool_between_bf16_convs) {
+    if (!bf16_here()) return;
+    eng_graph *g = eng_graph_new();
+    g->opset = 17;
+    int x = eng_graph_add_value(g, "x");
+    g->values[x].dtype = ENG_DTYPE_F32, g->values[x].ndim = 4;
+    int64_t xd[4] = {4, 16, 32, 32};
+    for (int d = 0; d < 4; d++) g->values[x].dims[d] = xd[d];
+    g->inputs = realloc(g->inputs, sizeof(int));
+    g->inputs[g->ninputs++] = x;
+    int w1 = weight(g, "w1", 32, 16), w2 = weight(g, "w2", 32, 32);
+    int c1 = eng_graph_add_value(g, "c1"), r1 = eng_graph_add_value(g, "r1"), p1 = eng_graph_add_value(g, "p1");
+    int y = eng_graph_add_value(g, "y");
+    const int64_t pads[4] = {1, 1, 1, 1}, k3[2] = {3, 3}, s2[2] = {2, 2};
+    int n1 = eng_graph_add_node(g, "conv1", "Conv", "", (int[]){x, w1}, 2, &c1, 1);
+    attr_ints(g, n1, "pads", pads, 4);
+    eng_graph_add_node(g, "relu1", "Relu", "", &c1, 1, &r1, 1);
+    int np = eng_graph_add_node(g, "pool", "MaxPool", "", &r1, 1, &p1, 1);
+    attr_ints(g, np, "kernel_shape", k3, 2);
+    attr_ints(g, np, "strides", s2, 2);
+    attr_ints(g, np, "pads", pads, 4);
+    int n2 = eng_graph_add_node(g, "conv2", "Conv", "", (int[]){p1, w2}, 2, &y, 1);
+    attr_ints(g, n2, "pads", pads, 4);
+    g->outputs = realloc(g->outputs, sizeof(int));
+    g->outputs[g->noutputs++] = y;
+    feed f;
+    make_feed(g, 4, &f);
+    eng_session *s = NULL;
+    cr_assert_eq(eng_session_new_graph(g, &(eng_session_opts){.nthreads = 2}, &s), ENG_STATUS_OK, "%s", eng_last_error());
+    eng_tensor out;
+    cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_FP32, 1, &f.name, &f.t, &out), ENG_STATUS_OK, "%s", eng_last_error());
+    int64_t n = eng_tensor_numel(&out);
+    float *ref = malloc((size_t)n * sizeof *ref);
+    memcpy(ref, out.data, (size_t)n * sizeof *ref);
+    cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_BF16, 1, &f.name, &f.t, &out), ENG_STATUS_OK, "%s", eng_last_error());
+    eng_plan_stats st;
+    eng_session_last_stats(s, &st);
+    cr_assert_eq(st.lowp_steps, 2, "both convs in bf16, got %d", st.lowp_steps);
+    cr_assert_eq(st.lowp_values, 2, "the conv1 and pool outputs in bf16, got %d", st.lowp_values);
+    double e = nmse(out.data, ref, n);
+    cr_assert(e > 0 && e < 1e-4, "nmse %.3g", e);
+    free(ref);
+    free(f.t.data);
+    eng_session_free(&s);
+}
