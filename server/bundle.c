@@ -296,15 +296,8 @@ static srv_code read_labels_file(const char *model, int64_t version, const char 
 
 static srv_code parse_precision(const char *model, int64_t version, const char *file, const cJSON *k,
                                 srv_bundle_sig *sig, srv_error *err) {
-    static const struct { const char *s; eng_precision p; } tab[] = {
-        {"fp32", ENG_PRECISION_FP32}, {"fp16", ENG_PRECISION_FP16},
-        {"bf16", ENG_PRECISION_BF16}, {"int8", ENG_PRECISION_INT8}};
-    if (cJSON_IsString(k))
-        for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-            if (strcasecmp(k->valuestring, tab[i].s) == 0) {
-                sig->precision = tab[i].p;
-                return SRV_OK;
-            }
+    if (cJSON_IsString(k) && eng_precision_parse(k->valuestring, &sig->precision) == ENG_STATUS_OK) return SRV_OK;
+    eng_err_clear();
     return SIGERR(SRV_INVALID_ARGUMENT, "precision must be one of \"fp32\", \"fp16\", \"bf16\", \"int8\"");
 }
 

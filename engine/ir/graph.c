@@ -568,3 +568,10 @@ void eng_tensor_destroy(eng_tensor **t) {
     free(*t);
     *t = NULL;
 }
+
+void eng_graph_index_producers(eng_graph *g) {
+    for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int j = 0; j < g->nodes[i].nout; j++)
+            if (g->nodes[i].outputs[j] >= 0) g->values[g->nodes[i].outputs[j]].producer = i;
+}

@@ -133,6 +133,8 @@ int eng_node_attr_floats(const eng_node *n, const char *name, const float **out)
 /* Nodes in an order where producers come before consumers; fails (naming a node) on a cycle or on an
  * input no node, initializer or graph input provides. `order` must hold g->nnodes ints. */
 eng_status eng_graph_topo_order(const eng_graph *g, int *order);
+/* Recompute every value's producer from the node list (after a rewrite moved or removed nodes). */
+void eng_graph_index_producers(eng_graph *g);
 
 /* Deep copy of an attribute tensor or initializer: eng_alloc'd data + malloc'd struct. */
 eng_tensor *eng_tensor_clone(const eng_tensor *t);

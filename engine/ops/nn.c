@@ -37,7 +37,7 @@ static eng_status nn_ints_attr(const eng_node *node, const char *name, int64_t *
     return ENG_STATUS_OK;
 }
 
-static void nn_act_attrs(const eng_node *n, krn_nn_act_params *a) {
+void eng_nn_act_attrs(const eng_node *n, krn_nn_act_params *a) {
     a->kind = (int)eng_node_attr_int(n, "act", KRN_NN_ACT_NONE);
     a->alpha = eng_node_attr_float(n, "act_alpha", 0.f);
     a->beta = eng_node_attr_float(n, "act_beta", 0.f);
@@ -74,7 +74,7 @@ static eng_status nn_conv_prepare_common(eng_op_ctx *c, int transposed, int fuse
     p->k.x_layout = (int)eng_node_attr_int(n, "x_layout", 0);
     p->k.y_layout = (int)eng_node_attr_int(n, "y_layout", 0);
     if (fused) {
-        nn_act_attrs(n, &p->k.act);
+        eng_nn_act_attrs(n, &p->k.act);
         p->k.has_residual = c->nin > 3 && c->node->inputs[3] >= 0;
         p->k.dw_stride = (int)eng_node_attr_int(n, "dw_stride", 0);
         p->k.dw_act.kind = (int)eng_node_attr_int(n, "dw_act", KRN_NN_ACT_NONE);
@@ -354,7 +354,7 @@ static eng_status nn_matmul_prepare_common(eng_op_ctx *c, int gemm, int fused) {
         p->alpha = eng_node_attr_float(n, "alpha", 1.f);
         p->beta = eng_node_attr_float(n, "beta", 1.f);
     }
-    if (fused) nn_act_attrs(n, &p->act);
+    if (fused) eng_nn_act_attrs(n, &p->act);
     p->has_bias = c->nin > 2 && n->inputs[2] >= 0;
     return ENG_STATUS_OK;
 }

@@ -15,6 +15,7 @@
 #define ENG_OP_H
 
 #include "../ir/graph.h"
+#include "../../kernels/krn-nn.h"
 
 #define ENG_OP_MAX_IO 64
 
@@ -61,5 +62,8 @@ static inline int eng_op_has_input(const eng_op_ctx *c, int i) {
 eng_status eng_op_check_arity(const eng_op_ctx *c, int lo, int hi);
 /* Copy input shape/dtype to output. */
 void eng_op_same_as_input(eng_op_ctx *c, int in, int out);
+
+/* A fused op's activation from the "act", "act_alpha", "act_beta" attributes that engine/plan/fuse.c sets (nn.c). */
+void eng_nn_act_attrs(const eng_node *n, krn_nn_act_params *a);
 
 #endif

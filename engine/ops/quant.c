@@ -237,27 +237,24 @@ static eng_status q_float_infer(eng_op_ctx *c, const eng_op_def *def, void *para
     return ENG_STATUS_OK;
 }
 
-static eng_status q_mm_prepare_common(eng_op_ctx *c, int qlinear) {
-    ENG_TRY(eng_op_check_arity(c, qlinear ? 8 : 2, qlinear ? 8 : 4));
+/* The three integer matmuls' prepare: their input layout (krn-quant.h) and arity; MatMulIntegerToFloat also takes
+ * the "act" attrs the load-time fusion sets (engine/plan/fuse.c). */
+enum { Q_MM_INTEGER, Q_MM_QLINEAR, Q_MM_TO_FLOAT };
+
+static eng_status q_mm_prepare_common(eng_op_ctx *c, int kind) {
+    static const int lo[] = {2, 8, 4}, hi[] = {4, 8, 7};
+    ENG_TRY(eng_op_check_arity(c, lo[kind], hi[kind]));
     q_mm_op *p = calloc(1, sizeof *p);
     if (!p) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "matmul params");
     c->params = p;
-    p->k.qlinear = qlinear;
+    p->k.qlinear = kind == Q_MM_QLINEAR;
+    p->k.to_float = kind == Q_MM_TO_FLOAT;
+    if (p->k.to_float) eng_nn_act_attrs(c->node, &p->k.act);
     return q_float_prepare(c, "MatMul", &p->fdef, &p->fparams);
 }
-static eng_status q_matmul_integer_prepare(eng_op_ctx *c) { return q_mm_prepare_common(c, 0); }
-static eng_status q_mm_to_float_prepare(eng_op_ctx *c) {
-    ENG_TRY(eng_op_check_arity(c, 4, 7));
-    q_mm_op *p = calloc(1, sizeof *p);
-    if (!p) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "matmul params");
-    c->params = p;
-    p->k.to_float = 1;
-    p->k.act.kind = (int)eng_node_attr_int(c->node, "act", KRN_NN_ACT_NONE); /* set by the load-time fusion */
-    p->k.act.alpha = eng_node_attr_float(c->node, "act_alpha", 0.f);
-    p->k.act.beta = eng_node_attr_float(c->node, "act_beta", 0.f);
-    return q_float_prepare(c, "MatMul", &p->fdef, &p->fparams);
-}
-static eng_status q_qlinear_matmul_prepare(eng_op_ctx *c) { return q_mm_prepare_common(c, 1); }
+static eng_status q_matmul_integer_prepare(eng_op_ctx *c) { return q_mm_prepare_common(c, Q_MM_INTEGER); }
+static eng_status q_mm_to_float_prepare(eng_op_ctx *c) { return q_mm_prepare_common(c, Q_MM_TO_FLOAT); }
+static eng_status q_qlinear_matmul_prepare(eng_op_ctx *c) { return q_mm_prepare_common(c, Q_MM_QLINEAR); }
 
 /* Rows of A (M) and columns of B (N) as MatMul sees them (1 for a 1-D operand). */
 static int64_t q_rows(const eng_tensor *a) { return a->ndim >= 2 ? a->dims[a->ndim - 2] : 1; }

@@ -179,9 +179,9 @@ static eng_status qz_copy_attrs(eng_graph *g, int from, int to) {
 
 /* The bias of a candidate Conv as float (b[M], malloc'd) and, when it is a DQ of int32 with scale and zero point
  * that make its int32 usable as is, that int32 (bq). Returns 0 when the bias is not a supported constant. */
-static int qz_bias(const qz_ctx *c, int v, int64_t M, float **b, const int32_t **bq, const eng_tensor **bqs, int *bdq) {
+static int qz_bias(const qz_ctx *c, int v, int64_t M, float **b, const int32_t **bq, const eng_tensor **bqs) {
     const eng_graph *g = c->z.g;
-    *b = NULL, *bq = NULL, *bqs = NULL, *bdq = -1;
+    *b = NULL, *bq = NULL, *bqs = NULL;
     const eng_tensor *f = fz_const_f32(g, v);
     qz_dq d;
     if (f) {
@@ -202,7 +202,6 @@ static int qz_bias(const qz_ctx *c, int v, int64_t M, float **b, const int32_t *
         (*b)[m] = (float)((int64_t)qz_get_int(d.qt, m) - z) * ((const float *)d.st->data)[k];
     }
     if (zero) *bq = d.qt->data, *bqs = d.st;
-    *bdq = d.node;
     return 1;
 }
 
@@ -230,6 +229,46 @@ static int qz_transposed_weights(qz_ctx *c, const char *base, const eng_tensor *
     return qz_add_value(c, base, "_qdq_wT", wq->dtype, t);
 }
 
+/* What follows an op's output y on the way to a per-tensor QuantizeLinear: y [-> Relu] [-> MaxPool, when
+ * `pool_ok`] -> Q, each the sole consumer of the one before. */
+typedef struct qz_tail {
+    int relu, pool, q;          /* node indices, -1 when absent (q -1: no usable Q) */
+    const eng_tensor *ys, *yz;  /* Q's constant scale (float32 > 0) and zero point (8-bit), one element each */
+} qz_tail;
+
+/* Fills t; returns 1 when a usable Q ends the chain. A Relu is kept in the chain only where Q's saturation does
+ * what it does (zero point at its type's minimum); otherwise there is no usable Q. */
+static int qz_match_tail(const qz_ctx *c, int y, int pool_ok, qz_tail *t) {
+    const eng_graph *g = c->z.g;
+    t->relu = t->pool = -1, t->ys = t->yz = NULL;
+    int q = fz_sole_consumer(&c->z, y);
+    if (q >= 0 && fz_is_op(&g->nodes[q], "Relu") && fz_one_output(&g->nodes[q]) && g->nodes[q].inputs[0] == y) {
+        t->relu = q;
+        q = fz_sole_consumer(&c->z, g->nodes[q].outputs[0]);
+    }
+    int pre_q = t->relu >= 0 ? g->nodes[t->relu].outputs[0] : y; /* what Q (or a MaxPool before it) reads */
+    /* conv [-> Relu] -> MaxPool -> Q (a stem): Q is monotonic, so MaxPool(Q(v)) = Q(MaxPool(v)) exactly and the
+     * pool runs on the int8 conv's uint8 output */
+    if (pool_ok && q >= 0 && fz_is_op(&g->nodes[q], "MaxPool") && g->nodes[q].nout == 1 && g->nodes[q].inputs[0] == pre_q) {
+        t->pool = q;
+        pre_q = g->nodes[q].outputs[0];
+        q = fz_sole_consumer(&c->z, pre_q);
+    }
+    t->q = -1;
+    if (q < 0 || !fz_is_op(&g->nodes[q], "QuantizeLinear") || !fz_one_output(&g->nodes[q]) || g->nodes[q].nin != 3 ||
+        g->nodes[q].inputs[0] != pre_q || eng_node_attr_int(&g->nodes[q], "block_size", 0) != 0)
+        return 0;
+    const eng_tensor *ys = fz_const_f32(g, g->nodes[q].inputs[1]), *yz = qz_const(g, g->nodes[q].inputs[2]);
+    if (!ys || !yz || eng_tensor_numel(ys) != 1 || eng_tensor_numel(yz) != 1 || !qz_int8(yz->dtype) ||
+        !(((const float *)ys->data)[0] > 0.f))
+        return 0;
+    int64_t od = eng_node_attr_int(&g->nodes[q], "output_dtype", 0);
+    if (od && od != yz->dtype) return 0;
+    if (t->relu >= 0 && qz_get_int(yz, 0) != (yz->dtype == ENG_DTYPE_U8 ? 0 : -128)) return 0;
+    t->q = q, t->ys = ys, t->yz = yz;
+    return 1;
+}
+
 enum { QZ_MATMUL = 0, QZ_CONV = 1, QZ_GEMM = 2 };
 
 /* One candidate at node i: a Conv, MatMul or Gemm (kind). */
@@ -247,11 +286,11 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
     const int mfirst = conv || trans_b; /* weights stored output-channel first: [M, K...] */
     int64_t M = w.qt->dims[mfirst ? 0 : 1];
     if (M <= 0 || (w.per != 1 && w.per != M)) return ENG_STATUS_OK;
-    int bin = (conv || kind == QZ_GEMM) && n->nin > 2 ? n->inputs[2] : -1, bdq = -1;
+    int bin = (conv || kind == QZ_GEMM) && n->nin > 2 ? n->inputs[2] : -1;
     float *bias = NULL;
     const int32_t *bq = NULL;
     const eng_tensor *bqs = NULL;
-    if (bin >= 0 && !qz_bias(c, bin, M, &bias, &bq, &bqs, &bdq)) return ENG_STATUS_OK;
+    if (bin >= 0 && !qz_bias(c, bin, M, &bias, &bq, &bqs)) return ENG_STATUS_OK;
 
     const float xs = ((const float *)x.st->data)[0];
     float *sc = malloc((size_t)M * sizeof(float)); /* x_s * w_s[m], float32 as QLinear ops compute it */
@@ -262,33 +301,13 @@ static eng_status qz_candidate(qz_ctx *c, int i, int kind) {
     for (int64_t m = 0; m < M; m++) sc[m] = xs * ((const float *)w.st->data)[w.per == 1 ? 0 : m];
 
     /* 1. QLinear form: output -> [Relu ->] Q */
-    int y = n->outputs[0], relu = -1, pool = -1, q = fz_sole_consumer(&c->z, y);
-    if (q >= 0 && fz_is_op(&g->nodes[q], "Relu") && fz_one_output(&g->nodes[q]) && g->nodes[q].inputs[0] == y) {
-        relu = q;
-        q = fz_sole_consumer(&c->z, g->nodes[relu].outputs[0]);
-    }
-    int pre_q = relu >= 0 ? g->nodes[relu].outputs[0] : y; /* what Q (or a MaxPool before it) reads */
-    /* conv [-> Relu] -> MaxPool -> Q (a stem): Q is monotonic, so MaxPool(Q(v)) = Q(MaxPool(v)) exactly and the
-     * pool runs on the int8 conv's uint8 output */
-    if (conv && q >= 0 && fz_is_op(&g->nodes[q], "MaxPool") && g->nodes[q].nout == 1 && g->nodes[q].inputs[0] == pre_q) {
-        pool = q;
-        pre_q = g->nodes[pool].outputs[0];
-        q = fz_sole_consumer(&c->z, pre_q);
-    }
-    int qlinear = q >= 0 && fz_is_op(&g->nodes[q], "QuantizeLinear") && fz_one_output(&g->nodes[q]) &&
-                  g->nodes[q].nin == 3 && g->nodes[q].inputs[0] == pre_q;
-    const eng_tensor *ys = NULL, *yz = NULL;
-    if (qlinear) {
-        ys = fz_const_f32(g, g->nodes[q].inputs[1]);
-        yz = qz_const(g, g->nodes[q].inputs[2]);
-        qlinear = ys && yz && eng_tensor_numel(ys) == 1 && eng_tensor_numel(yz) == 1 && qz_int8(yz->dtype) &&
-                  ((const float *)ys->data)[0] > 0.f && eng_node_attr_int(&g->nodes[q], "block_size", 0) == 0;
-        int64_t od = eng_node_attr_int(&g->nodes[q], "output_dtype", 0);
-        if (od && od != yz->dtype) qlinear = 0;
-    }
-    if (qlinear && relu >= 0) qlinear = qz_get_int(yz, 0) == (yz->dtype == ENG_DTYPE_U8 ? 0 : -128);
+    int y = n->outputs[0];
+    qz_tail t;
+    int qlinear = qz_match_tail(c, y, conv, &t);
+    const int relu = t.relu, pool = t.pool, q = t.q;
+    const eng_tensor *yz = t.yz;
     if (qlinear && (!conv && bin >= 0)) qlinear = 0;
-    const float yscale = qlinear ? ((const float *)ys->data)[0] : 0.f;
+    const float yscale = qlinear ? ((const float *)t.ys->data)[0] : 0.f;
     if (qlinear && bias)
         for (int64_t m = 0; m < M && qlinear; m++) {
             int exact = bq && qz_bias_scale(bqs, M, m) == sc[m];
@@ -394,7 +413,6 @@ oom:
 done:
     free(sc);
     free(bias);
-    (void)bdq;
     return st;
 }
 
@@ -410,18 +428,10 @@ static eng_status qz_add_candidate(qz_ctx *c, int i) {
     qz_dq a, b;
     if (!qz_match_dq(c, n->inputs[0], 0, 0, 0, &a) || a.per != 1 || !qz_int8(a.dt)) return ENG_STATUS_OK;
     if (!qz_match_dq(c, n->inputs[1], 0, 0, 0, &b) || b.per != 1 || b.dt != a.dt) return ENG_STATUS_OK;
-    int y = n->outputs[0], relu = -1, q = fz_sole_consumer(&c->z, y);
-    if (q >= 0 && fz_is_op(&g->nodes[q], "Relu") && fz_one_output(&g->nodes[q]) && g->nodes[q].inputs[0] == y) {
-        relu = q;
-        q = fz_sole_consumer(&c->z, g->nodes[relu].outputs[0]);
-    }
-    if (q < 0 || !fz_is_op(&g->nodes[q], "QuantizeLinear") || !fz_one_output(&g->nodes[q]) || g->nodes[q].nin != 3)
-        return ENG_STATUS_OK;
-    const eng_tensor *ys = fz_const_f32(g, g->nodes[q].inputs[1]), *yz = qz_const(g, g->nodes[q].inputs[2]);
-    if (!ys || !yz || eng_tensor_numel(ys) != 1 || eng_tensor_numel(yz) != 1 || yz->dtype != a.dt ||
-        !(((const float *)ys->data)[0] > 0.f) || eng_node_attr_int(&g->nodes[q], "block_size", 0) != 0)
-        return ENG_STATUS_OK;
-    if (relu >= 0 && qz_get_int(yz, 0) != (yz->dtype == ENG_DTYPE_U8 ? 0 : -128)) return ENG_STATUS_OK;
+    int y = n->outputs[0];
+    qz_tail t;
+    if (!qz_match_tail(c, y, 0, &t) || t.yz->dtype != a.dt) return ENG_STATUS_OK;
+    const int relu = t.relu, q = t.q;
     char base[400];
     snprintf(base, sizeof base, "%s", n->name[0] ? n->name : g->values[y].name);
     int in[8] = {a.q, a.s, a.zp, b.q, b.s, b.zp, g->nodes[q].inputs[1], g->nodes[q].inputs[2]};
@@ -451,10 +461,7 @@ static eng_status qz_finish(qz_ctx *c) {
     for (int i = k; i < nn; i++) memset(&g->nodes[i], 0, sizeof g->nodes[i]);
     g->nnodes = k;
     free(out);
-    for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
-    for (int i = 0; i < g->nnodes; i++)
-        for (int j = 0; j < g->nodes[i].nout; j++)
-            if (g->nodes[i].outputs[j] >= 0) g->values[g->nodes[i].outputs[j]].producer = i;
+    eng_graph_index_producers(g);
     return ENG_STATUS_OK;
 }
 
@@ -483,14 +490,11 @@ static int qz_is_pool(const eng_graph *g, const eng_node *n) {
     return pr >= 0 && qz_is_qconv4(g, &g->nodes[pr]) && eng_node_attr_ints(n, "kernel_shape", &ks) == 2;
 }
 
+/* g's producers must be current (eng_graph_index_producers). */
 static eng_status qz_int8_layouts(eng_graph *g) {
     if (getenv("TENSORD_NO_INT8_NHWC")) return ENG_STATUS_OK;
     char *ok = calloc((size_t)g->nvalues + 1, 1);
     if (!ok) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "int8 layout pass");
-    for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
-    for (int i = 0; i < g->nnodes; i++)
-        for (int j = 0; j < g->nodes[i].nout; j++)
-            if (g->nodes[i].outputs[j] >= 0) g->values[g->nodes[i].outputs[j]].producer = i;
     for (int i = 0; i < g->nnodes; i++) {
         const eng_node *n = &g->nodes[i];
         if ((qz_is_qconv4(g, n) || qz_is_qadd(n) || qz_is_pool(g, n)) && n->outputs[0] >= 0) ok[n->outputs[0]] = 1;
@@ -545,6 +549,7 @@ eng_status eng_graph_fuse_qdq(eng_graph *g) {
     if (!g || g->nnodes == 0) return ENG_STATUS_OK;
     const char *off = getenv("TENSORD_NO_QDQ_FUSE");
     if (off && *off && strcmp(off, "0")) return ENG_STATUS_OK;
+    eng_graph_index_producers(g);
     int has = 0;
     for (int i = 0; i < g->nnodes && !has; i++) has = fz_is_op(&g->nodes[i], "DequantizeLinear");
     if (!has) return qz_int8_layouts(g); /* QOperator models: their QLinearConvs chain too */
@@ -555,10 +560,6 @@ eng_status eng_graph_fuse_qdq(eng_graph *g) {
         return eng_err(ENG_STATUS_OUT_OF_MEMORY, "QDQ fusion");
     }
     for (int i = 0; i < g->nnodes; i++) c.anchor[i] = -1;
-    for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
-    for (int i = 0; i < g->nnodes; i++)
-        for (int j = 0; j < g->nodes[i].nout; j++)
-            if (g->nodes[i].outputs[j] >= 0) g->values[g->nodes[i].outputs[j]].producer = i;
     eng_status st = ENG_STATUS_OK;
     for (int i = 0; i < c.norig && st == ENG_STATUS_OK; i++) {
         if (c.z.dead[i]) continue;

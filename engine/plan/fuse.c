@@ -253,6 +253,29 @@ static eng_status fz_set_act_attrs(fz_ctx *z, int node, const krn_nn_act_params 
 
 /* ------------------------------------------------------------ Conv */
 
+/* The activation that follows node *ni (its output's sole consumer, or an elementwise chain fuse-act.c
+ * recognises): node *ni takes over the activation's output, the activation's nodes die, and *ni becomes the
+ * index where the node now sits; *act gets the activation. 0 (nothing changed) when there is none. */
+static int fz_absorb_act(fz_ctx *z, int *ni, krn_nn_act_params *act) {
+    eng_graph *g = z->g;
+    int y = g->nodes[*ni].outputs[0], c = fz_sole_consumer(z, y), pat[16], np = 0, fin;
+    if (c >= 0 && fz_activation(g, &g->nodes[c], act) && g->nodes[c].inputs[0] == y) {
+        g->nodes[*ni].outputs[0] = g->nodes[c].outputs[0];
+        z->dead[c] = 1;
+        fz_move_node(z, *ni, c);
+        *ni = c;
+        return 1;
+    }
+    if ((fin = fz_match_act_chain(z, y, act, pat, &np, 16)) >= 0) {
+        g->nodes[*ni].outputs[0] = g->nodes[fin].outputs[0];
+        for (int i = 0; i < np; i++) z->dead[pat[i]] = 1;
+        fz_move_node(z, *ni, fin);
+        *ni = fin;
+        return 1;
+    }
+    return 0;
+}
+
 static eng_status fz_fold_bn(fz_ctx *z, int ci, int bi) {
     eng_graph *g = z->g;
     eng_node *conv = &g->nodes[ci], *bn = &g->nodes[bi];
@@ -377,20 +400,7 @@ static eng_status fz_conv(fz_ctx *z, int ci) {
         break;
     }
     /* 3. activation */
-    int c = fz_sole_consumer(z, g->nodes[ci].outputs[0]), pat[16], np = 0, fin;
-    if (c >= 0 && fz_activation(g, &g->nodes[c], &act) && g->nodes[c].inputs[0] == g->nodes[ci].outputs[0]) {
-        g->nodes[ci].outputs[0] = g->nodes[c].outputs[0];
-        z->dead[c] = 1;
-        fz_move_node(z, ci, c);
-        ci = c;
-        fused = 1;
-    } else if ((fin = fz_match_act_chain(z, g->nodes[ci].outputs[0], &act, pat, &np, 16)) >= 0) {
-        g->nodes[ci].outputs[0] = g->nodes[fin].outputs[0];
-        for (int i = 0; i < np; i++) z->dead[pat[i]] = 1;
-        fz_move_node(z, ci, fin);
-        ci = fin;
-        fused = 1;
-    }
+    if (fz_absorb_act(z, &ci, &act)) fused = 1;
     if (!fused) return ENG_STATUS_OK;
     eng_node *n = &g->nodes[ci];
     ENG_TRY(fz_set_op(n, "FusedConv", "com.tensord"));
@@ -438,21 +448,7 @@ static eng_status fz_matmul(fz_ctx *z, int mi) {
             }
         }
     }
-    int c = fz_sole_consumer(z, mm->outputs[0]);
-    int pat[16], np = 0, fin;
-    if (c >= 0 && fz_activation(g, &g->nodes[c], &act) && g->nodes[c].inputs[0] == mm->outputs[0]) {
-        mm->outputs[0] = g->nodes[c].outputs[0];
-        z->dead[c] = 1;
-        fz_move_node(z, mi, c);
-        mi = c;
-        fused = 1;
-    } else if ((fin = fz_match_act_chain(z, mm->outputs[0], &act, pat, &np, 16)) >= 0) {
-        mm->outputs[0] = g->nodes[fin].outputs[0];
-        for (int i = 0; i < np; i++) z->dead[pat[i]] = 1;
-        fz_move_node(z, mi, fin);
-        mi = fin;
-        fused = 1;
-    }
+    if (fz_absorb_act(z, &mi, &act)) fused = 1;
     if (!fused) return ENG_STATUS_OK;
     eng_node *n = &g->nodes[mi];
     ENG_TRY(fz_set_op(n, gemm ? "FusedGemm" : "FusedMatMul", "com.tensord"));
@@ -472,20 +468,7 @@ static eng_status fz_qmatmul_act(fz_ctx *z, int mi) {
     eng_node *mm = &g->nodes[mi];
     if (!fz_one_output(mm) || eng_node_attr_int(mm, "act", KRN_NN_ACT_NONE) != KRN_NN_ACT_NONE) return ENG_STATUS_OK;
     krn_nn_act_params act = {0};
-    int c = fz_sole_consumer(z, mm->outputs[0]), pat[16], np = 0, fin;
-    if (c >= 0 && fz_activation(g, &g->nodes[c], &act) && g->nodes[c].inputs[0] == mm->outputs[0]) {
-        mm->outputs[0] = g->nodes[c].outputs[0];
-        z->dead[c] = 1;
-        fz_move_node(z, mi, c);
-        mi = c;
-    } else if ((fin = fz_match_act_chain(z, mm->outputs[0], &act, pat, &np, 16)) >= 0) {
-        mm->outputs[0] = g->nodes[fin].outputs[0];
-        for (int i = 0; i < np; i++) z->dead[pat[i]] = 1;
-        fz_move_node(z, mi, fin);
-        mi = fin;
-    } else {
-        return ENG_STATUS_OK;
-    }
+    if (!fz_absorb_act(z, &mi, &act)) return ENG_STATUS_OK;
     ENG_TRY(fz_set_act_attrs(z, mi, &act));
     z->changed = 1;
     return ENG_STATUS_OK;
@@ -506,10 +489,7 @@ static eng_status fz_compact(fz_ctx *z) {
     }
     for (int i = k; i < g->nnodes; i++) memset(&g->nodes[i], 0, sizeof g->nodes[i]);
     g->nnodes = k;
-    for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
-    for (int i = 0; i < g->nnodes; i++)
-        for (int j = 0; j < g->nodes[i].nout; j++)
-            if (g->nodes[i].outputs[j] >= 0) g->values[g->nodes[i].outputs[j]].producer = i;
+    eng_graph_index_producers(g);
     return ENG_STATUS_OK;
 }
 

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "plan-impl.h"
 
@@ -37,7 +38,7 @@ const char *eng_precision_name(eng_precision p) {
 eng_status eng_precision_parse(const char *s, eng_precision *out) {
     static const eng_precision all[] = {ENG_PRECISION_FP32, ENG_PRECISION_FP16, ENG_PRECISION_BF16, ENG_PRECISION_INT8};
     for (size_t i = 0; s && i < sizeof all / sizeof all[0]; i++)
-        if (strcmp(s, eng_precision_name(all[i])) == 0) {
+        if (strcasecmp(s, eng_precision_name(all[i])) == 0) { /* "BF16" too, as signature.json always took it */
             *out = all[i];
             return ENG_STATUS_OK;
         }

@@ -165,10 +165,7 @@ static eng_status q_reorder(eng_graph *g) {
     if (st == ENG_STATUS_OK) {
         for (int i = 0; i < g->nnodes; i++) nodes[i] = g->nodes[order[i]];
         memcpy(g->nodes, nodes, sizeof(eng_node) * (size_t)g->nnodes);
-        for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
-        for (int i = 0; i < g->nnodes; i++)
-            for (int k = 0; k < g->nodes[i].nout; k++)
-                if (g->nodes[i].outputs[k] >= 0) g->values[g->nodes[i].outputs[k]].producer = i;
+        eng_graph_index_producers(g);
     }
     free(order);
     free(nodes);

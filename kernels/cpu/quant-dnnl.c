@@ -645,7 +645,7 @@ eng_status krn_cpu_qconv_exec(krn_call *c) {
     if (!s || !s->fast) return krn_cpu_qconv_ref(c);
     const krn_qconv_params *p = c->params;
     int iw = p->qlinear ? 3 : 1;
-    if (s->zsrc_arg) s->zs = qd_at_i(&c->in[2], 0);
+    if (s->zsrc_arg) s->zs = qd_at_i(&c->in[s->ixzp], 0);
     if (s->zdst_arg) s->zd = qd_at_i(&c->in[7], 0);
     const void *bias = s->mbias ? c->in[8].data : NULL;
     ENG_TRY(qd_run(s, c, c->in[0].data, c->out[0].data, c->in[iw].data, bias, NULL));

@@ -72,10 +72,9 @@ static double nmse(const float *a, const float *b, int64_t n) {
     return num / (den > 1e-30 ? den : 1e-30);
 }
 
-/* Runs arch at fp32 and bf16 in ONE session (eng_session_run_at); checks the bf16 output against fp32's and that
- * at least min_steps steps computed in bf16; returns the stats of the bf16 plan. */
-static eng_plan_stats check_bf16(const char *arch, const mdl_opt *o, int no, int64_t batch, int min_steps, double tol) {
-    eng_graph *g = zoo(arch, o, no);
+/* Runs graph g (taken) at fp32 and bf16 in ONE session (eng_session_run_at); checks the bf16 output against fp32's
+ * and that at least min_steps steps computed in bf16; returns the stats of the bf16 plan. */
+static eng_plan_stats check_graph_bf16(eng_graph *g, const char *arch, int64_t batch, int min_steps, double tol) {
     feed f;
     make_feed(g, batch, &f);
     eng_session *s = NULL;
@@ -107,6 +106,10 @@ static eng_plan_stats check_bf16(const char *arch, const mdl_opt *o, int no, int
     free(f.t.data);
     eng_session_free(&s);
     return st16;
+}
+
+static eng_plan_stats check_bf16(const char *arch, const mdl_opt *o, int no, int64_t batch, int min_steps, double tol) {
+    return check_graph_bf16(zoo(arch, o, no), arch, batch, min_steps, tol);
 }
 
 Test(precision, seed_cnn_bf16) {
@@ -345,23 +348,7 @@ Test(precision, stem_pool_between_bf16_convs) {
     attr_ints(g, n2, "pads", pads, 4);
     g->outputs = realloc(g->outputs, sizeof(int));
     g->outputs[g->noutputs++] = y;
-    feed f;
-    make_feed(g, 4, &f);
-    eng_session *s = NULL;
-    cr_assert_eq(eng_session_new_graph(g, &(eng_session_opts){.nthreads = 2}, &s), ENG_STATUS_OK, "%s", eng_last_error());
-    eng_tensor out;
-    cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_FP32, 1, &f.name, &f.t, &out), ENG_STATUS_OK, "%s", eng_last_error());
-    int64_t n = eng_tensor_numel(&out);
-    float *ref = malloc((size_t)n * sizeof *ref);
-    memcpy(ref, out.data, (size_t)n * sizeof *ref);
-    cr_assert_eq(eng_session_run_at(s, ENG_PRECISION_BF16, 1, &f.name, &f.t, &out), ENG_STATUS_OK, "%s", eng_last_error());
-    eng_plan_stats st;
-    eng_session_last_stats(s, &st);
+    eng_plan_stats st = check_graph_bf16(g, "stem", 4, 2, 1e-4);
     cr_assert_eq(st.lowp_steps, 2, "both convs in bf16, got %d", st.lowp_steps);
     cr_assert_eq(st.lowp_values, 2, "the conv1 and pool outputs in bf16, got %d", st.lowp_values);
-    double e = nmse(out.data, ref, n);
-    cr_assert(e > 0 && e < 1e-4, "nmse %.3g", e);
-    free(ref);
-    free(f.t.data);
-    eng_session_free(&s);
 }
