@@ -387,7 +387,7 @@ static eng_status loss_infer(eng_op_ctx *c) {
 
 const eng_op_def eng_ops_grad[] = {
     GRAD_OP("FillLike", "grad_fill", ENG_OP_SHAPE_ONLY, fill),
-    GRAD_OP("ReduceToShape", "grad_reduce_to_shape", 0, rts),
+    GRAD_OP("ReduceToShape", "grad_reduce_to_shape", ENG_OP_ALIAS_SAME, rts),
     GRAD_OP("ReluGrad", "grad_act", 0, act),
     GRAD_OP("LeakyReluGrad", "grad_act", 0, act),
     GRAD_OP("GeluGrad", "grad_act", 0, act),

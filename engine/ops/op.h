@@ -34,6 +34,8 @@ enum {
     ENG_OP_ALIAS = 1u << 0,      /* output 0 is input 0's bytes with a new shape (Reshape, Squeeze...): no kernel runs */
     ENG_OP_SHAPE_ONLY = 1u << 1, /* the kernel reads only input shapes, never input data (Shape, Size) */
     ENG_OP_RANDOM = 1u << 2,     /* output differs run to run: never constant-folded */
+    ENG_OP_ALIAS_SAME = 1u << 3, /* in a static plan, an alias (no kernel runs) when output 0 has input 0's dtype and
+                                  * shape (ReduceToShape where nothing was broadcast) */
 };
 
 typedef struct eng_op_def {

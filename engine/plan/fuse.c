@@ -728,6 +728,45 @@ static eng_status fz_conv_dw(fz_ctx *z) {
     return ENG_STATUS_OK;
 }
 
+/* Training graphs (eng_graph_fuse_act_ops): Gelu's erf or tanh form written as a chain of elementwise ops becomes
+ * one Gelu node, so autodiff differentiates one node (one GeluGrad pass) instead of every Div/Erf/Add/Mul and the
+ * unbroadcasts between them. The Gelu node takes the chain's last node's slot and name. */
+static eng_status fz_chain_to_act_op(fz_ctx *z, int x) {
+    eng_graph *g = z->g;
+    krn_nn_act_params act;
+    int pat[16], np = 0;
+    int fin = fz_match_act_chain(z, x, &act, pat, &np, 16);
+    if (fin < 0 || (act.kind != KRN_NN_ACT_GELU_ERF && act.kind != KRN_NN_ACT_GELU_TANH)) return ENG_STATUS_OK;
+    eng_node *n = &g->nodes[fin];
+    ENG_TRY(fz_set_op(n, "Gelu", ""));
+    for (int a = 0; a < n->nattr; a++) eng_attr_clear(&n->attrs[a]);
+    n->nattr = 0;
+    n->inputs[0] = x;
+    n->nin = 1;
+    if (act.kind == KRN_NN_ACT_GELU_TANH) {
+        eng_attr a = {.name = "approximate", .type = ENG_ATTR_STRING, .s = "tanh", .s_len = 4};
+        ENG_TRY(eng_node_add_attr(g, fin, &a));
+    }
+    for (int i = 0; i < np; i++)
+        if (pat[i] != fin) z->dead[pat[i]] = 1;
+    z->changed = 1;
+    return ENG_STATUS_OK;
+}
+
+eng_status eng_graph_fuse_act_ops(eng_graph *g) {
+    if (!g || g->nnodes == 0 || getenv("TENSORD_NO_FUSE")) return ENG_STATUS_OK;
+    fz_ctx z = {g, calloc((size_t)g->nnodes, 1), 0};
+    if (!z.dead) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "graph fusion");
+    eng_status st = fz_hoist_constants(&z);
+    for (int i = 0; i < g->ninputs && st == ENG_STATUS_OK; i++)
+        if (!g->values[g->inputs[i]].init) st = fz_chain_to_act_op(&z, g->inputs[i]);
+    for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++)
+        if (!z.dead[i] && fz_one_output(&g->nodes[i])) st = fz_chain_to_act_op(&z, g->nodes[i].outputs[0]);
+    eng_status cst = fz_compact(&z);
+    free(z.dead);
+    return st != ENG_STATUS_OK ? st : cst;
+}
+
 eng_status eng_graph_fuse(eng_graph *g) {
     if (!g || g->nnodes == 0) return ENG_STATUS_OK;
     if (getenv("TENSORD_NO_FUSE")) return ENG_STATUS_OK;

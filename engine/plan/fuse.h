@@ -5,6 +5,10 @@
 #define ENG_FUSE_H
 #include "../ir/graph.h"
 eng_status eng_graph_fuse(eng_graph *g);
+/* For training graphs, which eng_graph_fuse's internal ops do not suit (they have no gradient rules): Constant
+ * nodes become initializers, no-op nodes are bypassed, and an activation written as a chain of elementwise ops
+ * that has an ONNX op with a gradient rule (Gelu, erf and tanh forms) becomes that op. */
+eng_status eng_graph_fuse_act_ops(eng_graph *g);
 /* fuse-qdq.c: QDQ patterns -> QLinearConv/QLinearMatMul or ConvInteger/MatMulInteger + float rescale; run first
  * by eng_graph_fuse. TENSORD_NO_QDQ_FUSE=1 turns it off. */
 eng_status eng_graph_fuse_qdq(eng_graph *g);

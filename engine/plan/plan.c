@@ -128,6 +128,13 @@ static int node_is_foldable(const eng_plan *p, const eng_node *n, const eng_op_d
     return 1;
 }
 
+static int same_dtype_shape(const eng_tensor *a, const eng_tensor *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->dims[d] != b->dims[d]) return 0;
+    return 1;
+}
+
 /* Fold node n: compute its outputs now into plan-owned buffers. */
 static eng_status fold_node(eng_plan *p, plan_step *s, const eng_node *n, eng_tensor *in, eng_tensor *out) {
     for (int i = 0; i < n->nout; i++) {
@@ -398,12 +405,19 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
         }
         for (int i = 0; i < n->nin; i++)
             if (n->inputs[i] >= 0 && p->kind[n->inputs[i]] == VAL_CONST) s->const_mask |= 1u << (i & 31);
+        int alias = (d->flags & ENG_OP_ALIAS) != 0;
+        if ((d->flags & ENG_OP_ALIAS_SAME) && same_dtype_shape(&in[0], &outs[0])) {
+            alias = 1; /* the kernel would copy: read input 0's bytes instead */
+            free_params(d, s->params);
+            s->params = NULL;
+            s->kernel = NULL;
+        }
         for (int i = 0; i < n->nout; i++) {
             int v = n->outputs[i];
             if (v < 0) continue;
             p->vals[v] = outs[i];
             p->vals[v].data = NULL;
-            if ((d->flags & ENG_OP_ALIAS) && i == 0) {
+            if (alias && i == 0) {
                 p->kind[v] = VAL_ALIAS;
                 p->root[v] = p->root[n->inputs[0]];
             } else {
@@ -567,7 +581,7 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
 void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
     memset(st, 0, sizeof *st);
     st->nodes = p->g->nnodes;
-    st->steps = p->nsteps;
+    for (int i = 0; i < p->nsteps; i++) st->steps += p->steps[i].kernel != NULL; /* aliases run nothing */
     st->folded = p->nfolded;
     st->dynamic = p->dynamic;
     st->arena_bytes = p->arena_bytes;

@@ -22,6 +22,7 @@
 #include "../bundle.h"
 #include "../ir/file-io.h"
 #include "../ir/onnx.h"
+#include "../plan/fuse.h"
 #include "train-impl.h"
 #include "../../kernels/krn-grad.h"
 
@@ -240,6 +241,9 @@ static eng_status build(trn_ctx *c) {
         p->t.data = p->w;
     }
     c->ntrain = ntn;
+    /* after the parameter list (Constant nodes it hoists are not parameters), before autodiff (Gelu chains become
+     * one node with one gradient) */
+    if (st == ENG_STATUS_OK) st = eng_graph_fuse_act_ops(gt);
     if (st == ENG_STATUS_OK) {
         eng_grad_spec gs = {.loss = c->loss_name, .params = tn, .nparams = ntn};
         st = eng_autodiff(gt, &gs);

@@ -1,8 +1,6 @@
 /* eltwise-act.c - float32/float64 unary maps: activations and unary math, plus krn_cpu_activation_apply.
  *
- * The float32 hot functions (exp, tanh, sigmoid, erf, gelu) are branch-free polynomial approximations written
- * so that gcc vectorises each loop (AVX-512 with -march=native): both sides of a split are computed and
- * selected. Accuracy: exp ~2 ulp; tanh/sigmoid ~3e-7 relative; erf ~3e-6 relative (erfc tail ~1e-5 relative).
+ * The float32 hot functions (exp, tanh, sigmoid, erf, gelu) are the vectorisable approximations of ew-math.h.
  * Rarely hot functions (trig, log, softplus, ...) call libm. float64 always uses libm.
  * Every function here is safe in place (x == y) and allocates nothing.
  */
@@ -22,32 +20,7 @@
 #endif
 
 #include "../krn-eltwise.h"
-
-static inline float ew_bits_to_f(uint32_t b) {
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-}
-
-/* exp(x): Cephes range reduction x = n ln2 + r, degree-6 polynomial on r, scale by 2^n via exponent bits. */
-static inline float ew_exp(float x) {
-    float xc = x < -87.0f ? -87.0f : x;
-    xc = xc > 88.72283f ? 88.72283f : xc;
-    float n = floorf(xc * 1.44269504088896341f + 0.5f);
-    float r = xc - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    /* 2^n as 2 * 2^(n-1): n-1 stays in the normal exponent range for n in [-125, 128] */
-    float y = (p * 2.0f) * ew_bits_to_f((uint32_t)((int32_t)n + 126) << 23);
-    y = x > 88.72283f ? INFINITY : y;
-    return x < -87.0f ? 0.0f : y;
-}
+#include "ew-math.h"
 
 /* fmaxf/fminf do not vectorise without -ffinite-math-only; NaN maps to 0 here */
 static inline float ew_clamp01(float v) { return v > 0.0f ? (v < 1.0f ? v : 1.0f) : 0.0f; }
@@ -60,77 +33,6 @@ static void ew_sqrt(const float *x, float *y, int64_t n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
 #endif
     for (; i < n; i++) y[i] = sqrtf(x[i]);
-}
-
-static inline float ew_sigmoid(float x) { return 1.0f / (1.0f + ew_exp(-x)); }
-
-/* tanh as a rational function of x (odd degree-13 / even degree-6 polynomials, the Eigen/MLAS form): one
- * division, no exp; |x| clamped to 7.9 where tanh rounds to +-1 in float. */
-static inline float ew_tanh(float x) {
-    float c = x > 7.90531110763549805f ? 7.90531110763549805f : (x < -7.90531110763549805f ? -7.90531110763549805f : x);
-    float z = c * c;
-    float p = -2.76076847742355e-16f;
-    p = p * z + 2.00018790482477e-13f;
-    p = p * z - 8.60467152213735e-11f;
-    p = p * z + 5.12229709037114e-08f;
-    p = p * z + 1.48572235717979e-05f;
-    p = p * z + 6.37261928875436e-04f;
-    p = p * z + 4.89352455891786e-03f;
-    p = p * c;
-    float q = 1.19825839466702e-06f;
-    q = q * z + 1.18534705686654e-04f;
-    q = q * z + 2.26843463243900e-03f;
-    q = q * z + 4.89352518554385e-03f;
-    float r = p / q;
-    return fabsf(x) < 0.0004f ? x : r;
-}
-
-/* erf split at 0.921875: erf(x) = x P(x^2) below; erfc(a) = exp(R(a) - a^2) above (0 beyond a = 6). */
-static inline float ew_erf_small(float x) {
-    float z = x * x, p = 8.410933514824137e-05f;
-    p = p * z - 0.0008153758244588971f;
-    p = p * z + 0.005202173721045256f;
-    p = p * z - 0.026859955862164497f;
-    p = p * z + 0.11283708363771439f;
-    p = p * z - 0.37612634897232056f;
-    p = p * z + 1.128379225730896f;
-    return x * p;
-}
-
-static inline float ew_erfc_big(float a) { /* a >= 0.921875 */
-    float ac = a > 6.0f ? 6.0f : a;
-    float q = 7.442778838e-07f;
-    q = q * ac - 2.594865146e-05f;
-    q = q * ac + 4.038496991e-04f;
-    q = q * ac - 3.733948804e-03f;
-    q = q * ac + 2.313399687e-02f;
-    q = q * ac - 1.036082655e-01f;
-    q = q * ac + 3.605668545e-01f;
-    q = q * ac - 1.125372648e+00f;
-    q = q * ac - 9.691683808e-04f;
-    float e = ew_exp(q - ac * ac);
-    return a > 6.0f ? 0.0f : e;
-}
-
-static inline float ew_erf(float x) {
-    float a = fabsf(x);
-    float big = copysignf(1.0f - ew_erfc_big(a), x);
-    return a < 0.921875f ? ew_erf_small(x) : big;
-}
-
-/* 0.5 x (1 + erf(x/sqrt2)); for x << 0 uses erfc directly (no cancellation). */
-static inline float ew_gelu(float x) {
-    float t = x * 0.70710678118654752f, a = fabsf(t);
-    float e = ew_erfc_big(a);
-    float onep_big = t > 0.0f ? 2.0f - e : e;
-    float onep = a < 0.921875f ? 1.0f + ew_erf_small(t) : onep_big;
-    return 0.5f * x * onep;
-}
-
-/* x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) == 0.5 x (1 + tanh(...)). */
-static inline float ew_gelu_tanh(float x) {
-    float y = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return x / (1.0f + ew_exp(-2.0f * y));
 }
 
 void krn_cpu_expf_vec(const float *x, float *y, int64_t n) {

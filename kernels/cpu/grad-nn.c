@@ -502,32 +502,51 @@ eng_status krn_cpu_grad_layernorm_exec(krn_call *c) {
         }
         s[j] = sc[si];
     }
-    double *ads = acc, *adb = acc + cols;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * cols, *gr = dy + r * cols;
-        double mean = 0, var = 0;
-        for (int64_t j = 0; j < cols; j++) mean += xr[j];
-        mean /= (double)cols;
-        for (int64_t j = 0; j < cols; j++) var += (xr[j] - mean) * (xr[j] - mean);
-        var /= (double)cols;
-        double inv = 1.0 / sqrt(var + (double)p->ln.epsilon), mg = 0, mgx = 0;
-        for (int64_t j = 0; j < cols; j++) {
-            double xh = (xr[j] - mean) * inv, gg = (double)gr[j] * s[j];
-            mg += gg;
-            mgx += gg * xh;
-            ads[j] += gr[j] * xh;
-            adb[j] += gr[j];
-        }
-        mg /= (double)cols;
-        mgx /= (double)cols;
-        for (int64_t j = 0; j < cols; j++) {
-            double xh = (xr[j] - mean) * inv;
-            dx[r * cols + j] = (float)(inv * ((double)gr[j] * s[j] - mg - xh * mgx));
+    /* rows split over threads; each thread sums its own dscale/dbias partials (float, vectorised), folded into
+     * double at the end in thread order (deterministic for a given thread count) */
+    int T = rows * cols > 65536 && c->nthreads > 1 ? c->nthreads : 1;
+    float *part = calloc((size_t)T * 2 * (size_t)(cols > 0 ? cols : 1), sizeof *part);
+    if (!part) {
+        free(s);
+        free(acc);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "LayerNormalizationGrad scratch of %lld", (long long)cols);
+    }
+    float eps = p->ln.epsilon, rc = 1.0f / (float)cols;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        int t = omp_get_thread_num(), nT = omp_get_num_threads();
+        int64_t r0 = rows * t / nT, r1 = rows * (t + 1) / nT;
+        float *pds = part + (size_t)t * 2 * cols, *pdb = pds + cols;
+        for (int64_t r = r0; r < r1; r++) {
+            const float *xr = x + r * cols, *gr = dy + r * cols;
+            float *dr = dx + r * cols;
+            float mean = (float)(sum_f32(xr, cols) / (double)cols), var = 0, mg = 0, mgx = 0;
+#pragma omp simd reduction(+ : var)
+            for (int64_t j = 0; j < cols; j++) var += (xr[j] - mean) * (xr[j] - mean);
+            float inv = 1.0f / sqrtf(var * rc + eps);
+#pragma omp simd reduction(+ : mg, mgx)
+            for (int64_t j = 0; j < cols; j++) {
+                float xh = (xr[j] - mean) * inv, gg = gr[j] * s[j];
+                mg += gg;
+                mgx += gg * xh;
+                pds[j] += gr[j] * xh;
+                pdb[j] += gr[j];
+            }
+            mg *= rc;
+            mgx *= rc;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) dr[j] = inv * (gr[j] * s[j] - mg - (xr[j] - mean) * inv * mgx);
         }
     }
+    for (int t = 0; t < T; t++)
+        for (int64_t j = 0; j < cols; j++) {
+            acc[j] += part[(size_t)t * 2 * cols + j];
+            acc[cols + j] += part[(size_t)t * 2 * cols + cols + j];
+        }
+    free(part);
     for (int64_t j = 0; j < cols; j++) {
-        if (ds) ds[j] = (float)ads[j];
-        if (dbias) dbias[j] = (float)adb[j];
+        if (ds) ds[j] = (float)acc[j];
+        if (dbias) dbias[j] = (float)acc[cols + j];
     }
     free(s);
     free(acc);

@@ -6,6 +6,14 @@
  * Scatter-style kernels (Gather, ReduceToShape) zero their output first and run serially over the scattered
  * axis so that no two threads add to one element.
  */
+/* as eltwise-act.c: lets gcc vectorise the ew-math.h loops */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-math-errno", "no-trapping-math")
+#if defined(__AVX512F__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
+#endif
+
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -13,6 +21,7 @@
 
 #include "../kernel.h"
 #include "../krn-grad.h"
+#include "ew-math.h"
 
 eng_status krn_cpu_grad_pool_exec(krn_call *c);
 eng_status krn_cpu_grad_batchnorm_exec(krn_call *c);
@@ -101,42 +110,40 @@ static eng_status act_exec(krn_call *c) {
     int kind = p->kind;
     float alpha = p->alpha;
     int gt = p->gelu_tanh;
-    if (kind == KRN_ACT_GRAD_RELU || kind == KRN_ACT_GRAD_LEAKY_RELU) {
-        /* float select, vectorised; threads only for large tensors (one pass is memory-bound) */
-        float a = kind == KRN_ACT_GRAD_RELU ? 0.0f : alpha;
-        int nt = n > 262144 ? c->nthreads : 1;
+    /* One pass per kind, each loop vectorised (ew-math.h); threads for large tensors only: the selects are
+     * memory-bound, the transcendental ones (Gelu, Erf) compute-bound and split earlier. */
+    int heavy = kind == KRN_ACT_GRAD_GELU || kind == KRN_ACT_GRAD_ERF;
+    int nt = n > (heavy ? 16384 : 262144) ? c->nthreads : 1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
-        {
-            int t = omp_get_thread_num(), T = omp_get_num_threads();
-            int64_t per = ((n + T - 1) / T + 15) & ~(int64_t)15, b = t * per, e = b + per < n ? b + per : n;
-            if (kind == KRN_ACT_GRAD_RELU)
-                for (int64_t i = b; i < e; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
-            else
-                for (int64_t i = b; i < e; i++) dx[i] = x[i] > 0.0f ? dy[i] : dy[i] * a;
-        }
-        return ENG_STATUS_OK;
-    }
-#pragma omp parallel for num_threads(c->nthreads) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        double v = x[i], g = dy[i], r;
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        int64_t per = ((n + T - 1) / T + 15) & ~(int64_t)15, b = t * per, e = b + per < n ? b + per : n;
         switch (kind) {
-        case KRN_ACT_GRAD_RELU: r = v > 0 ? g : 0; break;
-        case KRN_ACT_GRAD_LEAKY_RELU: r = v > 0 ? g : g * alpha; break;
-        case KRN_ACT_GRAD_GELU:
-            if (gt) {
-                const double k = 0.7978845608028654, a = 0.044715;
-                double t = tanh(k * (v + a * v * v * v));
-                r = g * (0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * a * v * v));
-            } else {
-                r = g * (0.5 * (1 + erf(v * 0.7071067811865476)) + v * exp(-0.5 * v * v) * 0.3989422804014327);
-            }
+        case KRN_ACT_GRAD_RELU:
+            for (int64_t i = b; i < e; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
             break;
-        case KRN_ACT_GRAD_ERF: r = g * 1.1283791670955126 * exp(-v * v); break;
-        case KRN_ACT_GRAD_SIGMOID: r = g * v * (1 - v); break;
-        case KRN_ACT_GRAD_TANH: r = g * (1 - v * v); break;
-        default: r = v >= lo && v <= hi ? g : 0; break;
+        case KRN_ACT_GRAD_LEAKY_RELU:
+            for (int64_t i = b; i < e; i++) dx[i] = x[i] > 0.0f ? dy[i] : dy[i] * alpha;
+            break;
+        case KRN_ACT_GRAD_GELU:
+            if (gt)
+                for (int64_t i = b; i < e; i++) dx[i] = dy[i] * ew_gelu_tanh_grad(x[i]);
+            else
+                for (int64_t i = b; i < e; i++) dx[i] = dy[i] * ew_gelu_grad(x[i]);
+            break;
+        case KRN_ACT_GRAD_ERF:
+            for (int64_t i = b; i < e; i++) dx[i] = dy[i] * 1.1283791670955126f * ew_exp(-x[i] * x[i]);
+            break;
+        case KRN_ACT_GRAD_SIGMOID: /* x is the forward output */
+            for (int64_t i = b; i < e; i++) dx[i] = dy[i] * x[i] * (1.0f - x[i]);
+            break;
+        case KRN_ACT_GRAD_TANH:
+            for (int64_t i = b; i < e; i++) dx[i] = dy[i] * (1.0f - x[i] * x[i]);
+            break;
+        default:
+            for (int64_t i = b; i < e; i++) dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0.0f;
+            break;
         }
-        dx[i] = (float)r;
     }
     return ENG_STATUS_OK;
 }
@@ -150,7 +157,22 @@ static eng_status softmax_exec(krn_call *c) {
     int64_t outer = p->sm.outer, n = p->sm.n, inner = p->sm.inner;
     int lg = p->log;
 #pragma omp parallel for num_threads(c->nthreads) if (outer * n * inner > 65536)
-    for (int64_t o = 0; o < outer; o++)
+    for (int64_t o = 0; o < outer; o++) {
+        if (inner == 1) { /* the last axis (attention, classifiers): contiguous rows, vectorised */
+            const float *g = dy + o * n, *yr = y + o * n;
+            float *d = dx + o * n, s = 0;
+            if (lg) {
+#pragma omp simd reduction(+ : s)
+                for (int64_t k = 0; k < n; k++) s += g[k];
+                for (int64_t k = 0; k < n; k++) d[k] = g[k] - ew_exp(yr[k]) * s;
+            } else {
+#pragma omp simd reduction(+ : s)
+                for (int64_t k = 0; k < n; k++) s += g[k] * yr[k];
+#pragma omp simd
+                for (int64_t k = 0; k < n; k++) d[k] = yr[k] * (g[k] - s);
+            }
+            continue;
+        }
         for (int64_t j = 0; j < inner; j++) {
             int64_t b = o * n * inner + j;
             double s = 0;
@@ -160,6 +182,7 @@ static eng_status softmax_exec(krn_call *c) {
                 dx[i] = (float)(lg ? dy[i] - exp(y[i]) * s : y[i] * (dy[i] - s));
             }
         }
+    }
     return ENG_STATUS_OK;
 }
 
