@@ -12,13 +12,14 @@
 
 #include "engine/bundle.h"
 #include "engine/ir/tensor.h"
+#include "engine/train/loss-scale.h"
 #include "kernels/kernel.h"
 
 static const char *const job_keys[] = {
     "model", "base_version", "dataset", "val_dataset", "val_split", "epochs", "batch_size", "optimizer",
     "learning_rate", "momentum", "nesterov", "weight_decay", "clipnorm", "schedule", "loss", "from_logits", "freeze",
     "early_stopping", "devices", "precision", "threads", "seed", "on_complete", "checkpoint_every", "max_steps", "kind",
-    NULL};
+    "loss_scale", "loss_scale_growth_steps", NULL};
 /* A quantize job ("kind": "quantize": tensord quantize as the worker) takes these. */
 static const char *const quant_keys[] = {"kind", "model", "base_version", "dataset", "val_dataset", "method",
                                          "per_channel", "exclude", "threads", "on_complete", NULL};
@@ -294,6 +295,19 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
         if ((bf || hf) && krn_backend_cpu()->precision_check(bf ? ENG_DTYPE_BF16 : ENG_DTYPE_F16) != ENG_STATUS_OK)
             return srv_err(err, SRV_INVALID_ARGUMENT, "precision '%s': %s", f->valuestring, eng_last_error());
     }
+    if ((f = cJSON_GetObjectItemCaseSensitive(b, "loss_scale"))) {
+        char num[64];
+        const char *t = cJSON_IsString(f) ? f->valuestring : NULL;
+        if (cJSON_IsNumber(f)) snprintf(num, sizeof num, "%.17g", f->valuedouble), t = num;
+        eng_loss_scale_mode m;
+        double x;
+        if (!t || eng_loss_scale_parse(t, &m, &x))
+            return srv_err(err, SRV_INVALID_ARGUMENT, "\"loss_scale\" must be \"none\", \"dynamic\" or a positive "
+                           "float32 scale");
+    }
+    if ((f = cJSON_GetObjectItemCaseSensitive(b, "loss_scale_growth_steps")) &&
+        (!cJSON_IsNumber(f) || f->valuedouble < 1 || f->valuedouble != floor(f->valuedouble) || f->valuedouble > 1e15))
+        return srv_err(err, SRV_INVALID_ARGUMENT, "\"loss_scale_growth_steps\" must be an integer >= 1");
 model_and_data:;
     double vsplit = 0;
     num_field(b, "val_split", 0, 0.99, 0, &vsplit, err);
@@ -373,7 +387,8 @@ char *job_worker_file(adm_jobs *j, const adm_job_rec *r, int resume, srv_error *
         if (r->val_dataset) cJSON_AddItemToObject(w, "val_files", files_array(&vf));
         static const char *const pass[] = {"val_split", "epochs", "batch_size", "optimizer", "learning_rate", "momentum",
                                            "nesterov", "weight_decay", "clipnorm", "schedule", "loss", "from_logits",
-                                           "freeze", "early_stopping", "threads", "seed", "max_steps", NULL};
+                                           "freeze", "early_stopping", "threads", "seed", "max_steps",
+                                           "loss_scale", "loss_scale_growth_steps", NULL};
         for (int i = 0; pass[i]; i++) copy_item(w, spec, pass[i]);
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(spec, "precision");
         cJSON_AddStringToObject(w, "precision", cJSON_IsString(pr) ? pr->valuestring : "fp32");

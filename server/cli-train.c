@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "../engine/ir/file-io.h"
+#include "../engine/train/loss-scale.h"
 #include "../engine/train/train.h"
 #include "cli.h"
 
@@ -56,7 +57,7 @@ static void train_usage(FILE *f) {
             "         [--from-logits true|false] [--val-split 0.1] [--freeze PREFIX]... [--threads T] [--replicas R]\n"
             "         [--resume] [--checkpoint-every K] [--seed S] [--early-stopping-patience P]\n"
             "         [--monitor val_loss|val_accuracy|loss|accuracy] [--keep-best] [--max-steps N] [--precision fp32|mixed_bf16|mixed_fp16]\n"
-            "         [--devices cpu] [--no-progress]\n"
+            "         [--loss-scale none|dynamic|SCALE] [--loss-scale-growth-steps N] [--devices cpu] [--no-progress]\n"
             "       tensord train --job FILE   (JSON job file; JSON lines on stdout: start, step, epoch, done|cancelled|error)\n");
 }
 
@@ -66,11 +67,12 @@ typedef enum train_id {
     T_MODEL_BASE_PATH, T_BASE_VERSION, T_NEW_VERSION, T_DATA, T_VAL_DATA, T_VAL_SPLIT, T_EPOCHS, T_BATCH_SIZE,
     T_OPTIMIZER, T_LR, T_MOMENTUM, T_NESTEROV, T_WEIGHT_DECAY, T_CLIPNORM, T_ACCUM_STEPS, T_SCHEDULE, T_WARMUP_STEPS,
     T_STEP_SIZE, T_GAMMA, T_DECAY_STEPS, T_MIN_LR, T_LOSS, T_FROM_LOGITS, T_FREEZE, T_THREADS, T_REPLICAS, T_RESUME,
-    T_CHECKPOINT_EVERY, T_SEED, T_PATIENCE, T_MONITOR, T_KEEP_BEST, T_MAX_STEPS, T_PRECISION, T_DEVICES,
+    T_CHECKPOINT_EVERY, T_SEED, T_PATIENCE, T_MONITOR, T_KEEP_BEST, T_MAX_STEPS, T_PRECISION, T_LOSS_SCALE,
+    T_LOSS_SCALE_GROWTH, T_DEVICES,
     T_NO_PROGRESS, T_JOB_ID, T_COUNT
 } train_id;
 
-typedef enum train_jtype { J_STR, J_INT, J_NUM, J_BOOL, J_STRS } train_jtype;
+typedef enum train_jtype { J_STR, J_INT, J_NUM, J_BOOL, J_STRS, J_STR_NUM /* a string or a number */ } train_jtype;
 
 enum { REQ_FLAG = 1, REQ_JOB = 2 }; /* REQ_JOB on "a.b": required when object "a" is given */
 enum { F_VALUE = 0, F_SWITCH = 1, F_SPLIT = 2 }; /* flag form: takes a value | no value ("true") | comma list */
@@ -121,6 +123,8 @@ static const train_opt train_table[] = {
     {T_KEEP_BEST, "--keep-best", "keep_best", J_BOOL, F_SWITCH, 0, NOLIM},
     {T_MAX_STEPS, "--max-steps", "max_steps", J_INT, F_VALUE, 0, 0, LLONG_MAX},
     {T_PRECISION, "--precision", "precision", J_STR, F_VALUE, REQ_JOB, NOLIM},
+    {T_LOSS_SCALE, "--loss-scale", "loss_scale", J_STR_NUM, F_VALUE, 0, NOLIM},
+    {T_LOSS_SCALE_GROWTH, "--loss-scale-growth-steps", "loss_scale_growth_steps", J_INT, F_VALUE, 0, 1, LLONG_MAX},
     {T_DEVICES, "--devices", "devices", J_STRS, F_SPLIT, REQ_JOB, NOLIM},
     {T_NO_PROGRESS, "--no-progress", NULL, J_BOOL, F_SWITCH, 0, NOLIM},
     {T_JOB_ID, NULL, "job_id", J_INT, F_VALUE, REQ_JOB, 0, LLONG_MAX},
@@ -323,6 +327,16 @@ static int train_set(train_args *a, const train_opt *t, const char *name, const 
         else if (strcmp(v, "mixed_fp16") == 0) o->precision = ENG_PRECISION_FP16;
         else return set_err(err, n, "%s: unknown precision '%s' (fp32, mixed_bf16, mixed_fp16)", name, v);
         return 0;
+    case T_LOSS_SCALE: {
+        eng_loss_scale_mode m;
+        double x;
+        if (eng_loss_scale_parse(v, &m, &x))
+            return set_err(err, n, "%s: '%s' is not none, dynamic or a positive float32 scale", name, v);
+        o->loss_scale = (int)m + 1;
+        o->loss_scale_init = x;
+        return 0;
+    }
+    case T_LOSS_SCALE_GROWTH: o->loss_scale_growth_steps = i; return 0;
     case T_DEVICES: return add_device(a, v, name, err, n);
     case T_NO_PROGRESS:
         if (parse_bool(name, v, 0, &b, err, n)) return -1;
@@ -385,15 +399,15 @@ static const char *json_type(const cJSON *j) {
 
 static const char *jtype_name(train_jtype t) {
     return t == J_STR ? "a string" : t == J_INT ? "an integer" : t == J_NUM ? "a number" : t == J_BOOL ? "true or false"
-                                                                                        : "an array of strings";
+           : t == J_STR_NUM ? "a string or a number" : "an array of strings";
 }
 
 /* One scalar JSON value as the text train_set parses; NULL (message in err) when its type is wrong. */
 static const char *job_text(const cJSON *j, train_jtype type, const char *name, char *buf, size_t cap, char *err,
                             size_t n) {
-    if ((type == J_STR || type == J_STRS) && cJSON_IsString(j)) return j->valuestring;
+    if ((type == J_STR || type == J_STRS || type == J_STR_NUM) && cJSON_IsString(j)) return j->valuestring;
     if (type == J_BOOL && cJSON_IsBool(j)) return cJSON_IsTrue(j) ? "true" : "false";
-    if (type == J_NUM && cJSON_IsNumber(j)) {
+    if ((type == J_NUM || type == J_STR_NUM) && cJSON_IsNumber(j)) {
         snprintf(buf, cap, "%.17g", j->valuedouble);
         return buf;
     }
@@ -661,6 +675,8 @@ static int train_run_job(const char *file) {
             add_num(o, "val_loss", r.val_loss);
             add_num(o, "val_accuracy", r.val_accuracy);
             add_num(o, "examples_per_sec", r.examples_per_sec);
+            add_num(o, "loss_scale", r.loss_scale);
+            add_num(o, "skipped_steps", (double)r.skipped_steps);
             job_emit(&j, o);
             rc = 0;
         }
@@ -702,6 +718,9 @@ int srv_cmd_train(int argc, char **argv) {
                    "%.1f examples/s\n",
                    (long long)r.version, r.epochs_run, (long long)r.steps, r.loss, r.accuracy, r.val_loss,
                    r.val_accuracy, r.examples_per_sec);
+            if (r.skipped_steps > 0 || r.loss_scale != 1.0)
+                printf("loss scaling: final scale %g, %lld steps skipped on non-finite gradients\n", r.loss_scale,
+                       (long long)r.skipped_steps);
         }
     }
     train_args_free(&a);

@@ -324,10 +324,16 @@ eng_status eng_autodiff(eng_graph *g, const eng_grad_spec *spec) {
             for (int i = 0; i < n->nin; i++)
                 if (n->inputs[i] >= 0 && ad_input_diff(n, i)) useful[n->inputs[i]] = 1;
     }
-    /* seed: dloss/dloss = 1 */
+    /* seed: dloss/dloss = 1, or the loss scale */
     eng_grad_ctx c0 = {.g = g, .ad = &ad, .node = -1};
+    int scale_v = -1;
+    if (spec->loss_scale && (scale_v = eng_graph_find_value(g, spec->loss_scale)) < 0) {
+        st = eng_err(ENG_STATUS_INVALID_ARGUMENT, "loss scale '%s' is not a value of the graph", spec->loss_scale);
+        goto done;
+    }
     if (varied[loss]) {
         int seed = eng_grad_fill(&c0, loss, 1.0);
+        if (scale_v >= 0) seed = eng_grad_bin(&c0, "Mul", seed, scale_v);
         if (seed < 0 || (st = ad_push(&contrib[loss], seed)) != ENG_STATUS_OK) {
             st = st != ENG_STATUS_OK ? st : eng_grad_failed();
             goto done;

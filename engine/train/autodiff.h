@@ -22,6 +22,8 @@ typedef struct eng_grad_spec {
     const char *loss;            /* name of a scalar (rank 0 or [1]) float value */
     const char *const *params;   /* initializer names to differentiate */
     int nparams;
+    const char *loss_scale;      /* optional: a float32 scalar value (a graph input) the backward pass starts from
+                                  * instead of 1 (loss scaling, loss-scale.h); NULL: 1 */
 } eng_grad_spec;
 
 /* Errors: unknown loss/param names (named), a node on the path with no gradient rule (names node and op),

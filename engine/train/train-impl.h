@@ -20,6 +20,7 @@
 #include "../plan/session.h"
 #include "tfevents.h"
 #include "train.h"
+#include "loss-scale.h"
 
 typedef struct trn_param {
     char *name;
@@ -102,6 +103,8 @@ typedef struct trn_fp32_nodes {
 eng_status trn_output_layer_nodes(const eng_graph *g, const char *pred, trn_fp32_nodes *out);
 void trn_fp32_nodes_free(trn_fp32_nodes *f);
 
+#define TRN_LOSS_SCALE_INPUT "train/loss_scale" /* the training graph's loss-scale input (loss scaling on) */
+
 typedef struct trn_ctx {
     const eng_train_opts *o;
     char base[4096];
@@ -129,6 +132,8 @@ typedef struct trn_ctx {
     trn_fp32_nodes fp32_train, fp32_eval; /* mixed precision: output-layer nodes of the two graphs */
     int eval_loss_out, eval_acc_out;
     eng_optim *optim;
+    eng_loss_scaler ls;     /* loss scaling (mode NONE: off) */
+    float ls_value;         /* the scale fed this step (the "train/loss_scale" input of the training graph) */
     /* bookkeeping */
     trn_state st;
     eng_tfevents *tb;

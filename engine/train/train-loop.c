@@ -48,9 +48,11 @@ static int find_output(const eng_graph *g, const char *name) {
     return -1;
 }
 
-/* names/feed arrays: model data inputs, "label", then every state tensor (weights are always fed). */
-static eng_status feed_init(trn_ctx *c, int *nfeed, const char ***names, eng_tensor **feed) {
-    int n = c->ninputs + 1 + c->nparams;
+/* names/feed arrays: model data inputs, "label", then every state tensor (weights are always fed), then (training
+ * graph with loss scaling) the loss scale. */
+static eng_status feed_init(trn_ctx *c, int training, int *nfeed, const char ***names, eng_tensor **feed) {
+    int scaled = training && c->ls.mode != ENG_LOSS_SCALE_NONE;
+    int n = c->ninputs + 1 + c->nparams + scaled;
     *names = calloc((size_t)n, sizeof **names);
     *feed = calloc((size_t)n, sizeof **feed);
     if (!*names || !*feed) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -59,6 +61,10 @@ static eng_status feed_init(trn_ctx *c, int *nfeed, const char ***names, eng_ten
     for (int i = 0; i < c->nparams; i++) {
         (*names)[c->ninputs + 1 + i] = c->params[i].name;
         (*feed)[c->ninputs + 1 + i] = c->params[i].t;
+    }
+    if (scaled) {
+        (*names)[n - 1] = TRN_LOSS_SCALE_INPUT;
+        (*feed)[n - 1] = (eng_tensor){.dtype = ENG_DTYPE_F32, .ndim = 0, .data = &c->ls_value};
     }
     *nfeed = n;
     return ENG_STATUS_OK;
@@ -110,7 +116,7 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
         eng_graph *g = eng_graph_clone(gt);
         if (!g) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory cloning the training graph");
         ENG_TRY(eng_session_new_graph(g, &so, &rp->s));
-        ENG_TRY(feed_init(c, &rp->nfeed, &rp->names, &rp->feed));
+        ENG_TRY(feed_init(c, 1, &rp->nfeed, &rp->names, &rp->feed));
         rp->outs = calloc((size_t)gt->noutputs + 1, sizeof *rp->outs);
         rp->pack = eng_alloc((size_t)c->pack_n * sizeof(float));
         if (!rp->outs || !rp->pack) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -200,6 +206,7 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         row += rp->rows;
         rp->err[0] = 0;
     }
+    c->ls_value = eng_loss_scaler_value(&c->ls);
     pthread_t th[256];
     int started = 0;
     eng_status st = ENG_STATUS_OK;
@@ -225,6 +232,7 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
     /* BatchNorm running statistics: replace with the (replica-averaged) updates */
     float *grads[c->ntrain > 0 ? c->ntrain : 1];
     float *params[c->ntrain > 0 ? c->ntrain : 1];
+    int64_t ns[c->ntrain > 0 ? c->ntrain : 1];
     for (int i = 0; i < c->nparams; i++) {
         trn_param *p = &c->params[i];
         const float *src = r0->direct ? (p->out >= 0 ? (const float *)r0->outs[p->out].data : NULL) : pack + p->off;
@@ -233,8 +241,16 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         } else {
             grads[i] = (float *)src;
             params[i] = p->w;
+            ns[i] = p->n;
         }
     }
+    double scale = c->ls.scale;
+    int go = eng_loss_scaler_step(&c->ls, grads, ns, c->ntrain);
+    if (go < 0)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT,
+                       "gradients are not finite at loss scale %g (%s loss scaling): training diverged; try a lower "
+                       "learning rate or check the data", scale, c->ls.mode == ENG_LOSS_SCALE_FIXED ? "fixed" : "dynamic");
+    if (!go) return ENG_STATUS_OK; /* overflow: this step's update is skipped, the scale halved */
     int applied = 0;
     st = eng_optim_apply(c->optim, params, (const float *const *)grads, &applied);
     return st;
@@ -250,7 +266,7 @@ eng_status trn_validate(trn_ctx *c, double *loss, double *acc) {
     int nfeed = 0;
     const char **names = NULL;
     eng_tensor *feed = NULL;
-    eng_status st = feed_init(c, &nfeed, &names, &feed);
+    eng_status st = feed_init(c, 0, &nfeed, &names, &feed);
     const eng_graph *g = eng_session_graph(c->eval);
     eng_tensor *outs = calloc((size_t)g->noutputs + 1, sizeof *outs);
     if (!outs && st == ENG_STATUS_OK) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");

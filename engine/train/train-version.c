@@ -85,6 +85,14 @@ char *trn_metrics_json(const trn_ctx *c) {
     cJSON_AddStringToObject(s, "precision", o->precision == ENG_PRECISION_BF16   ? "mixed_bf16"
                                             : o->precision == ENG_PRECISION_FP16 ? "mixed_fp16"
                                                                                  : "fp32");
+    static const char *const lsm[] = {"none", "dynamic", "fixed"};
+    cJSON_AddStringToObject(s, "loss_scale", lsm[c->ls.mode]);
+    if (c->ls.mode != ENG_LOSS_SCALE_NONE) {
+        cJSON *ls = cJSON_AddObjectToObject(root, "loss_scaling");
+        cJSON_AddNumberToObject(ls, "final_scale", c->ls.scale);
+        cJSON_AddNumberToObject(ls, "skipped_steps", (double)c->ls.skipped);
+        cJSON_AddNumberToObject(ls, "growth_steps", (double)c->ls.growth_steps);
+    }
     cJSON_AddNumberToObject(s, "seed", (double)o->seed);
     cJSON_AddNumberToObject(s, "early_stopping_patience", o->early_stopping_patience);
     cJSON_AddStringToObject(s, "monitor", o->monitor ? o->monitor : "val_loss");

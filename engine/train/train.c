@@ -159,6 +159,13 @@ static double monitor_value(const char *m, const trn_epoch *e) {
 
 static eng_status build(trn_ctx *c) {
     const eng_train_opts *o = c->o;
+    if (o->loss_scale < 0 || o->loss_scale > ENG_LOSS_SCALE_FIXED + 1)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "loss scale mode %d is unknown", o->loss_scale);
+    if (o->loss_scale_init < 0 || !isfinite(o->loss_scale_init) || o->loss_scale_init > 3.4e38)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "loss scale %g is not a positive float32", o->loss_scale_init);
+    eng_loss_scale_mode lsm = o->loss_scale ? (eng_loss_scale_mode)(o->loss_scale - 1)
+                              : o->precision == ENG_PRECISION_FP16 ? ENG_LOSS_SCALE_DYNAMIC : ENG_LOSS_SCALE_NONE;
+    eng_loss_scaler_init(&c->ls, lsm, o->loss_scale_init, o->loss_scale_growth_steps);
     if (snprintf(c->base, sizeof c->base, "%s", o->model_base_path) >= (int)sizeof c->base)
         return eng_err(ENG_STATUS_INVALID_ARGUMENT, "model base path too long");
     int64_t highest; /* version names as the server reads them: "007" or "3.bak" are not versions */
@@ -244,8 +251,20 @@ static eng_status build(trn_ctx *c) {
     /* after the parameter list (Constant nodes it hoists are not parameters), before autodiff (Gelu chains become
      * one node with one gradient) */
     if (st == ENG_STATUS_OK) st = eng_graph_fuse_act_ops(gt);
+    /* loss scaling: the backward pass starts from a scalar input the trainer feeds every step */
+    if (st == ENG_STATUS_OK && c->ls.mode != ENG_LOSS_SCALE_NONE) {
+        int v = eng_graph_find_value(gt, TRN_LOSS_SCALE_INPUT) >= 0 ? -1 : eng_graph_add_value(gt, TRN_LOSS_SCALE_INPUT);
+        if (v < 0) {
+            st = eng_err(ENG_STATUS_UNSUPPORTED, "model '%s' already has a value named '%s'", path, TRN_LOSS_SCALE_INPUT);
+        } else {
+            gt->values[v].dtype = ENG_DTYPE_F32;
+            gt->values[v].ndim = 0;
+            st = ensure_input(gt, TRN_LOSS_SCALE_INPUT);
+        }
+    }
     if (st == ENG_STATUS_OK) {
-        eng_grad_spec gs = {.loss = c->loss_name, .params = tn, .nparams = ntn};
+        eng_grad_spec gs = {.loss = c->loss_name, .params = tn, .nparams = ntn,
+                            .loss_scale = c->ls.mode != ENG_LOSS_SCALE_NONE ? TRN_LOSS_SCALE_INPUT : NULL};
         st = eng_autodiff(gt, &gs);
     }
     free(tn);
@@ -679,6 +698,8 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
             res->val_accuracy = e->val_accuracy;
             res->examples_per_sec = e->examples_per_sec;
         }
+        res->loss_scale = c.ls.scale;
+        res->skipped_steps = c.ls.skipped;
     }
     ctx_free(&c);
     return st;

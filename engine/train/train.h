@@ -87,6 +87,10 @@ typedef struct eng_train_opts {
                                     * forward and backward, multiply in bf16 (fp32 accumulation) on fp32 master
                                     * weights and optimizer state; the output layer and the loss stay fp32.
                                     * fp16 (mixed_fp16) is refused where the backend has no fast fp16 */
+    int loss_scale;                /* 0: default (dynamic for fp16, none otherwise); else an eng_loss_scale_mode + 1
+                                    * (loss-scale.h): 1 none, 2 dynamic, 3 fixed at loss_scale_init */
+    double loss_scale_init;        /* dynamic: the initial scale; fixed: the scale (<= 0: 2^15) */
+    int64_t loss_scale_growth_steps; /* dynamic: finite steps in a row before the scale doubles (<= 0: 2000) */
     int resume;
     int64_t checkpoint_every;      /* steps; 0: only at epoch ends */
     uint64_t seed;
@@ -108,6 +112,8 @@ typedef struct eng_train_result {
     int64_t steps;
     double loss, accuracy, val_loss, val_accuracy; /* last epoch (NaN where not computed) */
     double examples_per_sec;
+    double loss_scale;             /* the final loss scale (1 without loss scaling) */
+    int64_t skipped_steps;         /* steps whose update loss scaling skipped (non-finite gradients) */
 } eng_train_result;
 
 eng_status eng_train(const eng_train_opts *o, eng_train_result *res);

@@ -176,6 +176,20 @@ def test_job_without_validation_writes_null_not_nan(tensord_bin, base, fashion_n
     assert entries(base) == ["1", "2", "logs"]
 
 
+def test_job_loss_scale_reaches_the_trainer(tensord_bin, base, fashion_npz, tmp_path):
+    """"loss_scale" as a number (a fixed scale) and as "dynamic": the done line and metrics.json carry the scale and
+    the skipped-step count; nothing overflows here, so no step is skipped."""
+    for v, ls, want, mode in ((2, 1024, 1024, "fixed"), (3, "dynamic", 32768, "dynamic")):
+        job = make_job(base, fashion_npz, epochs=1, new_version=v, loss_scale=ls, loss_scale_growth_steps=1000)
+        cp, ev = run_job(tensord_bin, write_job(tmp_path, job))
+        assert cp.returncode == 0, cp.stderr
+        done = ev[-1]
+        assert done["event"] == "done" and done["loss_scale"] == want and done["skipped_steps"] == 0, done
+        m = json.load(open(os.path.join(base, str(v), "metrics.json")))
+        assert m["settings"]["loss_scale"] == mode, m["settings"]
+        assert m["loss_scaling"] == {"final_scale": want, "skipped_steps": 0, "growth_steps": 1000}, m["loss_scaling"]
+
+
 # ---- cancel and resume ----
 
 def test_sigterm_cancels_without_a_version(tensord_bin, base, fashion_npz, tmp_path):
@@ -242,6 +256,9 @@ BAD = [
     ("unknown_optimizer", lambda j: j.update(optimizer="lion"), "optimizer"),
     ("mixed_fp16", lambda j: j.update(precision="mixed_fp16"), "fp16"),
     ("cuda_device", lambda j: j.update(devices=["cuda:0"]), "devices"),
+    ("bad_loss_scale", lambda j: j.update(loss_scale="huge"), "loss_scale"),
+    ("loss_scale_wrong_type", lambda j: j.update(loss_scale=True), "loss_scale"),
+    ("loss_scale_growth_zero", lambda j: j.update(loss_scale_growth_steps=0), "loss_scale_growth_steps"),
     ("duplicate_key", None, "epochs"),
     ("not_json", None, "not valid JSON"),
 ]

@@ -6,7 +6,9 @@
  * that version (checkpoints and logs under its number) and an existing <base>/<new_version> is refused, naming the
  * directory, with nothing written; a cancel seen between steps stops the run at the next step with
  * ENG_STATUS_CANCELLED and "cancelled", writes no version, keeps the checkpoint directory, and a resume from it
- * reports where it resumed and completes; a cancel set before the run starts writes nothing at all.
+ * reports where it resumed and completes; a cancel set before the run starts writes nothing at all. Loss scaling:
+ * dynamic scaling at 2^15 writes bit-identical weights to no scaling; a scale grown past FLT_MAX makes steps overflow,
+ * which are skipped and counted (result and metrics.json).
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -19,6 +21,7 @@
 #include <unistd.h>
 
 #include "engine/ir/onnx.h"
+#include "engine/train/loss-scale.h"
 #include "engine/train/train.h"
 #include "models/build.c"
 #include "models/mlp-cnn.c"
@@ -252,5 +255,84 @@ Test(train_job, cancel_before_the_first_step_writes_nothing) {
     cr_assert_eq(eng_train(&o, &res), ENG_STATUS_CANCELLED);
     cr_assert_eq(r->n, 0);
     cr_assert_eq(count_entries(base), 1, "only version 1");
+    free(r);
+}
+
+/* 1 when every float initializer of <base>/<v>/model.onnx equals <base>/<w>'s bit for bit. */
+static int same_weights(int64_t v, int64_t w) {
+    char pa[192], pb[192];
+    snprintf(pa, sizeof pa, "%s/%lld/model.onnx", base, (long long)v);
+    snprintf(pb, sizeof pb, "%s/%lld/model.onnx", base, (long long)w);
+    eng_graph *a = NULL, *b = NULL;
+    cr_assert_eq(eng_onnx_load_file(pa, &a), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert_eq(eng_onnx_load_file(pb, &b), ENG_STATUS_OK, "%s", eng_last_error());
+    int same = 1, compared = 0;
+    for (int i = 0; i < a->nvalues; i++) {
+        const eng_tensor *t = a->values[i].init;
+        if (!t || t->dtype != ENG_DTYPE_F32) continue;
+        int j = eng_graph_find_value(b, a->values[i].name);
+        cr_assert(j >= 0 && b->values[j].init);
+        same &= memcmp(t->data, b->values[j].init->data, eng_tensor_nbytes(t)) == 0;
+        compared++;
+    }
+    cr_assert_gt(compared, 0);
+    eng_graph_free(&a);
+    eng_graph_free(&b);
+    return same;
+}
+
+/* Dynamic loss scaling at a power of two changes nothing where nothing overflows: the same weights as no scaling. */
+Test(train_job, dynamic_loss_scaling_without_overflow_gives_the_same_weights) {
+    recorder *r = calloc(1, sizeof *r);
+    eng_train_opts o = opts(r);
+    eng_train_result res;
+    o.base_version = 1; /* not "the latest", which the first run changes */
+    o.new_version = 2;
+    cr_assert_eq(eng_train(&o, &res), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_expect_eq(res.loss_scale, 1.0);
+    o.new_version = 3;
+    o.loss_scale = ENG_LOSS_SCALE_DYNAMIC + 1;
+    cr_assert_eq(eng_train(&o, &res), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_expect_eq(res.skipped_steps, 0);
+    cr_expect_eq(res.loss_scale, 32768.0);
+    cr_expect(same_weights(2, 3), "loss scaling by 2^15 changed the trained weights");
+    free(r);
+}
+
+/* Growth every step from 2^120: the scale passes FLT_MAX within 8 steps, those steps overflow and are skipped
+ * (the scale halves back); training still ends with a finite loss, and metrics.json says how many were skipped. */
+Test(train_job, overflowing_steps_are_skipped_and_counted) {
+    recorder *r = calloc(1, sizeof *r);
+    eng_train_opts o = opts(r);
+    eng_train_result res;
+    o.base_version = 1;
+    o.new_version = 2;
+    o.epochs = 4; /* 24 steps */
+    o.loss_scale = ENG_LOSS_SCALE_DYNAMIC + 1;
+    o.loss_scale_init = 0x1p120;
+    o.loss_scale_growth_steps = 1;
+    cr_assert_eq(eng_train(&o, &res), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_expect_geq(res.skipped_steps, 2, "skipped %lld", (long long)res.skipped_steps);
+    cr_expect_leq(res.loss_scale, 0x1p128);
+    cr_expect(isfinite(res.loss));
+    cr_expect_eq(res.steps, 24, "skipped steps still consume their batch");
+    char path[192], buf[8192];
+    snprintf(path, sizeof path, "%s/2/metrics.json", base);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t nb = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[nb] = 0;
+    const char *k = strstr(buf, "\"skipped_steps\":"), *m = strstr(buf, "\"loss_scale\":");
+    cr_assert(k && m, "metrics.json lacks loss_scale / skipped_steps:\n%s", buf);
+    cr_expect_eq(strtoll(k + strlen("\"skipped_steps\":"), NULL, 10), res.skipped_steps);
+    m += strlen("\"loss_scale\":");
+    while (*m == ' ' || *m == '\t') m++;
+    cr_expect(!strncmp(m, "\"dynamic\"", 9), "settings.loss_scale: %.20s", m);
+    /* the same weights as no scaling? no: skipped updates change the run */
+    o.new_version = 3;
+    o.loss_scale = 0;
+    cr_assert_eq(eng_train(&o, &res), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_expect(!same_weights(2, 3));
     free(r);
 }
