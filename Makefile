@@ -40,6 +40,16 @@ HAVE_DNNL := $(shell test -f /usr/include/dnnl.h && echo 1 || echo 0)
 HAVE_ONNX_PROTO := $(shell test -f /usr/include/onnx/onnx.proto && echo 1 || echo 0)
 $(info tensord build: oneDNN $(if $(filter 1,$(HAVE_DNNL)),found,NOT FOUND (make deps)))
 $(info tensord build: onnx.proto $(if $(filter 1,$(HAVE_ONNX_PROTO)),found,NOT FOUND (make deps)))
+# MPI (Debian's OpenMPI, libopenmpi-dev): multi-process training under mpirun (engine/train/comm-mpi.c). MPI=0 turns
+# it off; without it `mpirun ... tensord train` refuses with a message.
+MPI ?= auto
+MPI_CFLAGS := $(if $(filter 0,$(MPI)),,$(shell pkg-config --cflags ompi-c 2>/dev/null))
+MPI_LIBS := $(if $(MPI_CFLAGS),$(shell pkg-config --libs ompi-c 2>/dev/null),)
+ifneq ($(MPI_LIBS),)
+CFLAGS_BASE += -DTENSORD_MPI=1 $(MPI_CFLAGS)
+LDLIBS += $(MPI_LIBS)
+endif
+$(info tensord build: MPI $(if $(MPI_LIBS),found (OpenMPI: mpirun -np N tensord train),$(if $(filter 0,$(MPI)),off (MPI=0),not found (make deps installs libopenmpi-dev))))
 $(info tensord build: nvcc $(if $(NVCC),found at $(NVCC),not found)$(if $(filter 1,$(CUDA_ON)), (CUDA=1: compiling kernels/cuda), (CUDA kernels off; CUDA=1 to compile)))
 
 LIB_SRC := $(wildcard engine/*.c engine/*/*.c kernels/*.c kernels/cpu/*.c)

@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "../engine/ir/file-io.h"
+#include "../engine/train/allreduce.h"
 #include "../engine/train/loss-scale.h"
 #include "../engine/train/train.h"
 #include "cli.h"
@@ -702,16 +703,38 @@ int srv_cmd_train(int argc, char **argv) {
             train_usage(stderr);
             return 2;
         }
+        if (eng_comm_mpi_launched()) {
+            fprintf(stderr, "error: --job runs as one process; under mpirun use the flags (tensord train --model-base-path ...)\n");
+            return 2;
+        }
         return train_run_job(job);
     }
     train_args a;
     train_args_init(&a);
     int rc = train_parse_flags(&a, argc, argv);
+    /* under mpirun: this process is one rank of the job (engine/train/comm-mpi.c) */
+    eng_comm *world = NULL;
+    if (rc == 0 && eng_comm_mpi_launched()) {
+        if (eng_comm_new_mpi(&world) != ENG_STATUS_OK) {
+            fprintf(stderr, "error: %s\n", eng_last_error());
+            train_args_free(&a);
+            return 1;
+        }
+        a.o.world = world;
+        if (eng_comm_rank(world) != 0) a.o.progress = 0;
+    }
     if (rc == 0) {
         eng_train_result r;
         if (eng_train(&a.o, &r) != ENG_STATUS_OK) {
+            if (world) {
+                fprintf(stderr, "error: rank %d of %d: %s\n", eng_comm_rank(world), eng_comm_size(world), eng_last_error());
+                fflush(stderr);
+                eng_comm_abort(world, 1); /* the other ranks may be waiting in an all-reduce: end the job */
+            }
             fprintf(stderr, "error: %s\n", eng_last_error());
             rc = 1;
+        } else if (world && eng_comm_rank(world) != 0) {
+            /* rank 0 reports and wrote the version */
         } else {
             printf("%s\n", r.path);
             printf("version %lld: epochs %d, steps %lld, loss %.6g, accuracy %.6g, val_loss %.6g, val_accuracy %.6g, "
@@ -723,6 +746,7 @@ int srv_cmd_train(int argc, char **argv) {
                        (long long)r.skipped_steps);
         }
     }
+    eng_comm_free(&world);
     train_args_free(&a);
     return rc;
 }

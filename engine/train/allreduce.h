@@ -1,6 +1,9 @@
-/* allreduce.h - the collective interface data-parallel training uses: R ranks, each calls allreduce with its
- * own buffer and gets the element-wise sum (or mean) of all ranks' buffers in place. The CPU implementation
- * runs ranks as threads of one process; NCCL (GPUs) and MPI (hosts) implement the same interface later.
+/* allreduce.h - the collective interface data-parallel training uses: `size` ranks, each calls allreduce with its
+ * own buffer and gets the element-wise sum (or mean) of all ranks' buffers in place. Implementations:
+ *  - threads of one process (allreduce.c): every rank thread uses the same handle with its own rank index;
+ *  - MPI (comm-mpi.c, built when OpenMPI is found): the processes of MPI_COMM_WORLD, one rank per process, which
+ *    passes its own rank (eng_comm_rank); NCCL (GPUs) implements the same interface with the CUDA backend.
+ * Every rank calls the same sequence of collectives (as MPI and NCCL require).
  */
 #ifndef ENG_ALLREDUCE_H
 #define ENG_ALLREDUCE_H
@@ -13,8 +16,23 @@ typedef struct eng_comm eng_comm;
 
 /* A communicator for `size` thread ranks; every rank thread uses the same handle with its own rank index. */
 eng_status eng_comm_new_threads(int size, eng_comm **out);
+
+/* 1 when this process was started by an MPI launcher (mpirun/mpiexec) with more than one rank, whether or not this
+ * build has MPI (so that a build without it can refuse instead of training alone). */
+int eng_comm_mpi_launched(void);
+/* The MPI world (MPI_Init on first use). UNSUPPORTED, with a message, in a build without MPI. */
+eng_status eng_comm_new_mpi(eng_comm **out);
+
+/* Releases the communicator (MPI: MPI_Finalize, which waits for the other ranks; after an error on this rank use
+ * eng_comm_abort instead). */
 void eng_comm_free(eng_comm **c);
+/* Ends every rank of the job now with exit status `code` (MPI_Abort): for a rank that failed while the others may
+ * be waiting in a collective. Threads: does nothing (their caller returns the error). */
+void eng_comm_abort(eng_comm *c, int code);
 int eng_comm_size(const eng_comm *c);
+/* This process's rank (MPI); -1 for thread communicators, whose ranks pass their own index. */
+int eng_comm_rank(const eng_comm *c);
+const char *eng_comm_kind(const eng_comm *c); /* "threads", "mpi" */
 /* Blocks until all ranks called it with the same n; buf becomes the mean over ranks (mean = 1) or the sum. */
 eng_status eng_comm_allreduce(eng_comm *c, int rank, float *buf, int64_t n, int mean);
 /* All ranks wait for each other. */

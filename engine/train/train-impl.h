@@ -127,7 +127,9 @@ typedef struct trn_ctx {
     /* sessions */
     int R;
     trn_replica *reps;
-    eng_comm *comm;
+    eng_comm *comm;         /* the R local replicas (threads) */
+    eng_comm *world;        /* the processes of a multi-process job (o->world), NULL alone */
+    int W, wrank;           /* world size (1 alone) and this process's rank */
     eng_session *eval;
     trn_fp32_nodes fp32_train, fp32_eval; /* mixed precision: output-layer nodes of the two graphs */
     int eval_loss_out, eval_acc_out;

@@ -7,6 +7,10 @@
  * one replica would compute. One all-reduce per step (summation in rank order: deterministic). The calling
  * thread is rank 0; it applies the optimizer to the shared weight buffers after joining the others, so every
  * replica reads the same weights next step.
+ *
+ * Several processes (c->W > 1, an MPI job): every process loads the same global batch; process k's replica r takes
+ * shard k*R + r of W*R (scaled by rows * W*R / B), and after the local all-reduce rank 0's pack is averaged across
+ * the processes, so every process applies the same update to the same weights.
  */
 #include <math.h>
 #include <pthread.h>
@@ -102,6 +106,11 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
     c->pack_n = off + 2;
     int hw = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (hw < 1) hw = 1;
+    if (c->W > 1) { /* the processes of a job on one host share its cores */
+        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        int local = ls && atoi(ls) > 0 ? atoi(ls) : 1;
+        hw = hw / local > 0 ? hw / local : 1;
+    }
     eng_session_opts so = {.nthreads = c->o->nthreads > 0 ? c->o->nthreads : (hw / c->R > 0 ? hw / c->R : 1),
                            .no_fuse = 1, .precision = c->o->precision};
     if (c->o->precision != ENG_PRECISION_FP32) {
@@ -147,13 +156,13 @@ static eng_status replica_run(trn_replica *rp) {
     const eng_graph *g = eng_session_graph(rp->s);
     float *pack = rp->pack;
     eng_status st = ENG_STATUS_OK;
-    rp->direct = c->R == 1 && rp->rows > 0;
+    rp->direct = c->R == 1 && c->W == 1 && rp->rows > 0;
     if (!rp->direct) memset(pack, 0, (size_t)c->pack_n * sizeof(float));
     if (rp->rows > 0) {
         feed_rows(c, rp->feed, rp->b, rp->row0, rp->rows);
         st = eng_session_run(rp->s, rp->nfeed, rp->names, rp->feed, rp->outs);
         if (st == ENG_STATUS_OK) {
-            float scale = (float)((double)rp->rows * c->R / (double)rp->b->rows);
+            float scale = (float)((double)rp->rows * c->R * c->W / (double)rp->b->rows);
             for (int i = 0; i < c->nparams && st == ENG_STATUS_OK; i++) {
                 const trn_param *p = &c->params[i];
                 if (p->out < 0) continue;
@@ -196,14 +205,14 @@ static void *replica_thread(void *arg) {
 }
 
 eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
-    int R = c->R;
-    int64_t B = b->rows, base = B / R, extra = B % R, row = 0;
+    int R = c->R, S = R * c->W; /* shards of the global batch: W processes x R replicas */
+    int64_t B = b->rows, base = B / S, extra = B % S;
     for (int r = 0; r < R; r++) {
         trn_replica *rp = &c->reps[r];
+        int64_t g = (int64_t)c->wrank * R + r; /* this replica's shard */
         rp->b = b;
-        rp->row0 = row;
-        rp->rows = base + (r < extra ? 1 : 0);
-        row += rp->rows;
+        rp->row0 = g * base + (g < extra ? g : extra);
+        rp->rows = base + (g < extra ? 1 : 0);
         rp->err[0] = 0;
     }
     c->ls_value = eng_loss_scaler_value(&c->ls);
@@ -226,6 +235,7 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         }
     const trn_replica *r0 = &c->reps[0];
     float *pack = r0->pack;
+    if (c->W > 1) ENG_TRY(eng_comm_allreduce(c->world, c->wrank, pack, c->pack_n, 1));
     *loss = pack[c->pack_n - 2];
     *acc = pack[c->pack_n - 1];
     if (!isfinite(*loss)) return ENG_STATUS_OK; /* the caller reports NaN with epoch/step */
@@ -307,7 +317,7 @@ static void fmt_dur(double s, char *buf, size_t n) {
 }
 
 void trn_progress(trn_ctx *c, int64_t step, double loss, double acc, double eps, int final) {
-    if (!c->o->progress) return;
+    if (!c->o->progress || c->wrank != 0) return;
     double now = trn_now();
     if (!final && now - c->last_draw < 0.1) return;
     c->last_draw = now;

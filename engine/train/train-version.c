@@ -82,6 +82,7 @@ char *trn_metrics_json(const trn_ctx *c) {
     cJSON *fz = cJSON_AddArrayToObject(s, "freeze");
     for (int i = 0; i < o->nfreeze; i++) cJSON_AddItemToArray(fz, cJSON_CreateString(o->freeze[i]));
     cJSON_AddNumberToObject(s, "replicas", c->R);
+    cJSON_AddNumberToObject(s, "processes", c->W); /* ranks of a multi-process (MPI) job */
     cJSON_AddStringToObject(s, "precision", o->precision == ENG_PRECISION_BF16   ? "mixed_bf16"
                                             : o->precision == ENG_PRECISION_FP16 ? "mixed_fp16"
                                                                                  : "fp32");

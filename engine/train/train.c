@@ -363,6 +363,7 @@ static eng_status build(trn_ctx *c) {
 }
 
 static eng_status write_ckpt(trn_ctx *c) {
+    if (c->wrank != 0) return ENG_STATUS_OK; /* rank 0 writes for the job */
     if (mkdir(c->ckpt_dir, 0755) != 0 && errno != EEXIST)
         return eng_err(ENG_STATUS_IO, "cannot create checkpoint directory '%s': %s", c->ckpt_dir, strerror(errno));
     int nt = c->nparams * (c->o->keep_best ? 2 : 1);
@@ -478,7 +479,13 @@ static eng_status end_epoch(trn_ctx *c, trn_epoch *e, int *stop) {
     return ENG_STATUS_OK;
 }
 
-static int cancelled(const trn_ctx *c) { return c->o->cancel && atomic_load(c->o->cancel) != 0; }
+/* The cancel flag; in a multi-process job any rank's flag, agreed on by every rank (they all reach the same
+ * checks in the same order), so that all stop at the same step instead of one waiting in an all-reduce. */
+static int cancelled(trn_ctx *c) {
+    float f = c->o->cancel && atomic_load(c->o->cancel) != 0;
+    if (c->W > 1 && eng_comm_allreduce(c->world, c->wrank, &f, 1, 0) != ENG_STATUS_OK) return 1;
+    return f > 0;
+}
 
 static eng_status cancel_now(trn_ctx *c) {
     if (c->progress_drawn) fputc('\n', stderr);
@@ -503,7 +510,7 @@ static double eta_s(const trn_ctx *c) {
 /* Call opts.on_progress. e: the epoch just closed (EPOCH), else NULL; lr: STEP's learning rate. */
 static void report(trn_ctx *c, eng_train_progress_kind kind, const trn_epoch *e, double lr, int early_stop) {
     const eng_train_opts *o = c->o;
-    if (!o->on_progress) return;
+    if (!o->on_progress || c->wrank != 0) return;
     double r = (double)c->st.ep_rows;
     eng_train_progress p = {
         .kind = kind,
@@ -666,11 +673,20 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
     memset(&c, 0, sizeof c);
     c.o = o;
     c.R = o->replicas;
+    c.W = 1;
+    c.world = o->world;
+    if (c.world) {
+        c.W = eng_comm_size(c.world);
+        c.wrank = eng_comm_rank(c.world);
+        if (c.wrank < 0 || c.wrank >= c.W)
+            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "the %s communicator has no rank for this process",
+                           eng_comm_kind(c.world));
+    }
     c.eval_acc_out = -1;
     eng_status st = build(&c);
     if (st == ENG_STATUS_OK && o->resume) st = resume(&c);
     if (st == ENG_STATUS_OK && cancelled(&c)) st = cancel_now(&c);
-    if (st == ENG_STATUS_OK) {
+    if (st == ENG_STATUS_OK && c.wrank == 0) {
         char logdir[4400];
         snprintf(logdir, sizeof logdir, "%s/logs/%lld", c.base, (long long)c.new_version);
         st = eng_tfevents_open(logdir, &c.tb);
@@ -684,10 +700,11 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
     if (st == ENG_STATUS_OK) {
         eng_status s2 = eng_tfevents_close(&c.tb);
         if (s2 != ENG_STATUS_OK && o->progress) fprintf(stderr, "warning: %s\n", eng_last_error());
-        st = trn_write_version(&c, res);
+        if (c.wrank == 0) st = trn_write_version(&c, res);
+        else res->version = c.new_version; /* rank 0 writes it */
     }
     if (st == ENG_STATUS_OK) {
-        if (!c.stopped_by_max_steps) eng_file_remove_dir(c.ckpt_dir);
+        if (!c.stopped_by_max_steps && c.wrank == 0) eng_file_remove_dir(c.ckpt_dir);
         res->epochs_run = (int)c.st.nepochs;
         res->steps = c.st.global_step;
         if (c.st.nepochs > 0) {

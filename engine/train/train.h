@@ -82,7 +82,13 @@ typedef struct eng_train_opts {
     const char *const *freeze;     /* initializer name prefixes not trained */
     int nfreeze;
     int nthreads;                  /* threads per replica's kernels; <= 0 all cores / replicas */
-    int replicas;                  /* data-parallel replicas, >= 1 */
+    int replicas;                  /* data-parallel replicas (threads of this process), >= 1 */
+    struct eng_comm *world;        /* optional (allreduce.h, e.g. eng_comm_new_mpi): this process is one rank of a
+                                    * multi-process job. Every rank reads the same data in the same order; rank k of W
+                                    * trains on shards k*R .. k*R+R-1 of each global batch (W*R shards in all), and
+                                    * the gradients are averaged across ranks after the local replicas. Only rank 0
+                                    * writes checkpoints, TensorBoard events and the version, and reports progress;
+                                    * a resume reads rank 0's checkpoint (a shared filesystem). Owned by the caller. */
     eng_precision precision;       /* fp32; bf16 = mixed_bf16 (Keras' mixed_bfloat16 policy): convs and matmuls,
                                     * forward and backward, multiply in bf16 (fp32 accumulation) on fp32 master
                                     * weights and optimizer state; the output layer and the loss stay fp32.
