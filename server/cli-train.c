@@ -712,6 +712,16 @@ int srv_cmd_train(int argc, char **argv) {
     train_args a;
     train_args_init(&a);
     int rc = train_parse_flags(&a, argc, argv);
+    /* deploy/k8s/train-job.yaml's rendezvous variables: the coordinator that would use them hands out an NCCL id
+     * (the CUDA backend); until then N pods would each train alone, so N > 1 is refused */
+    const char *ws = getenv("TENSORD_WORLD_SIZE");
+    if (rc == 0 && ws && atoi(ws) > 1 && !eng_comm_mpi_launched()) {
+        fprintf(stderr, "error: TENSORD_WORLD_SIZE=%s: training across pods through TENSORD_COORDINATOR needs the NCCL "
+                        "communicator, which this build does not have; on CPUs run the ranks under mpirun "
+                        "(mpirun -np N tensord train ...)\n", ws);
+        train_args_free(&a);
+        return 1;
+    }
     /* under mpirun: this process is one rank of the job (engine/train/comm-mpi.c) */
     eng_comm *world = NULL;
     if (rc == 0 && eng_comm_mpi_launched()) {

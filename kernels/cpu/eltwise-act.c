@@ -4,15 +4,8 @@
  * Rarely hot functions (trig, log, softplus, ...) call libm. float64 always uses libm.
  * Every function here is safe in place (x == y) and allocates nothing.
  */
-/* no-trapping-math lets gcc vectorise floorf/ceilf; math-errno cannot be turned off by pragma (sqrt uses
- * intrinsics below instead) */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-math-errno", "no-trapping-math")
-#if defined(__AVX512F__)
-#pragma GCC target("prefer-vector-width=512")
-#endif
-#endif
-
+/* ew-math.h turns on no-trapping-math for this file (gcc vectorises floorf/ceilf); math-errno cannot be turned off
+ * by pragma (sqrt uses intrinsics below instead) */
 #include <math.h>
 #include <string.h>
 #if defined(__AVX__)

@@ -1,11 +1,20 @@
 /* ew-math.h - float32 math for elementwise loops that gcc vectorises (AVX-512 with -march=native): branch-free
  * polynomial approximations, where both sides of a split are computed and selected. Shared by the activation
  * kernels (eltwise-act.c) and their gradients (grad.c). Accuracy: exp ~2 ulp; tanh/sigmoid ~3e-7 relative;
- * erf ~3e-6 relative (erfc tail ~1e-5 relative). Include only from the CPU kernels' .c files, which set
- * the GCC optimize pragma of eltwise-act.c (no-math-errno, no-trapping-math) so that floorf vectorises.
+ * erf ~3e-6 relative (erfc tail ~1e-5 relative). Include only from the CPU kernels' .c files, before their
+ * hot loops: it sets the optimize pragma below for the rest of the file.
  */
 #ifndef KRN_CPU_EW_MATH_H
 #define KRN_CPU_EW_MATH_H
+
+/* For these functions and every function after them in the including file: no-trapping-math (gcc vectorises
+ * floorf), and 512-bit vectors where AVX-512 is on. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-math-errno", "no-trapping-math")
+#if defined(__AVX512F__)
+#pragma GCC target("prefer-vector-width=512")
+#endif
+#endif
 
 #include <math.h>
 #include <stdint.h>

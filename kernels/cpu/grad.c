@@ -6,14 +6,6 @@
  * Scatter-style kernels (Gather, ReduceToShape) zero their output first and run serially over the scattered
  * axis so that no two threads add to one element.
  */
-/* as eltwise-act.c: lets gcc vectorise the ew-math.h loops */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-math-errno", "no-trapping-math")
-#if defined(__AVX512F__)
-#pragma GCC target("prefer-vector-width=512")
-#endif
-#endif
-
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>

@@ -5,7 +5,8 @@
   behind; metrics.json says processes = 2.
 - A rank killed mid-run ends the job with a non-zero exit naming the killed rank, within the timeout (no hang), and
   no version is written.
-- `--job` (the admin worker's mode) under mpirun is refused.
+- `--job` (the admin worker's mode) under mpirun is refused, and so is TENSORD_WORLD_SIZE > 1 outside mpirun (the
+  Kubernetes training template's variables, whose coordinator needs NCCL).
 
 Needs OpenMPI's mpirun (`make deps` installs it). Without it the tests skip, saying so, except under CI=true, where a
 missing mpirun is a broken install and fails.
@@ -139,3 +140,14 @@ def test_job_mode_under_mpirun_is_refused(tensord_bin, mpirun, setup, tmp_path):
                         timeout=TIMEOUT)
     assert cp.returncode != 0
     assert "under mpirun" in cp.stderr, cp.stderr
+
+
+def test_world_size_without_a_coordinator_is_refused(tensord_bin, setup):
+    """deploy/k8s/train-job.yaml's TENSORD_WORLD_SIZE > 1 outside mpirun: refused, not N pods training alone."""
+    base, data = setup
+    env = dict(os.environ, TENSORD_WORLD_SIZE="2", TENSORD_RANK="0", TENSORD_COORDINATOR="tensord-train-0.x:8503")
+    cp = subprocess.run(train_args(tensord_bin, base, data, 2, epochs=1), capture_output=True, text=True,
+                        timeout=TIMEOUT, env=env)
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    assert "TENSORD_WORLD_SIZE=2" in cp.stderr and "mpirun" in cp.stderr, cp.stderr
+    assert not (base / "2").exists()

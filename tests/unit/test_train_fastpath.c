@@ -17,38 +17,7 @@
 #include "engine/plan/fuse.h"
 #include "engine/plan/session.h"
 #include "engine/train/autodiff.h"
-
-static int val(eng_graph *g, const char *name) { return eng_graph_add_value(g, name); }
-
-static void list_add(int **a, int *n, int v) {
-    *a = realloc(*a, (size_t)(*n + 1) * sizeof(int));
-    (*a)[(*n)++] = v;
-}
-
-static int input_f32(eng_graph *g, const char *name, int ndim, const int64_t *dims) {
-    int v = val(g, name);
-    g->values[v].dtype = ENG_DTYPE_F32;
-    g->values[v].ndim = ndim;
-    memcpy(g->values[v].dims, dims, (size_t)ndim * sizeof *dims);
-    list_add(&g->inputs, &g->ninputs, v);
-    return v;
-}
-
-static int init_f32(eng_graph *g, const char *name, int ndim, const int64_t *dims, const float *data) {
-    int v = val(g, name);
-    eng_tensor *t = calloc(1, sizeof *t);
-    t->dtype = ENG_DTYPE_F32;
-    t->ndim = ndim;
-    memcpy(t->dims, dims, (size_t)ndim * sizeof *dims);
-    size_t nb = eng_tensor_nbytes(t);
-    t->data = eng_alloc(nb ? nb : 4);
-    memcpy(t->data, data, nb);
-    eng_value_set_init(g, v, t);
-    g->values[v].dtype = ENG_DTYPE_F32;
-    g->values[v].ndim = ndim;
-    memcpy(g->values[v].dims, dims, (size_t)ndim * sizeof *dims);
-    return v;
-}
+#include "graph-fixture.h"
 
 /* A scalar written as exporters write it: a Constant node with a tensor attribute. */
 static int constant(eng_graph *g, const char *name, float x) {
