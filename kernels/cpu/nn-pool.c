@@ -171,6 +171,7 @@ static inline int64_t pool_blk_off(int64_t n, int64_t ch, int64_t h, int64_t w, 
     return ((n * H + h) * W + w) * C + ch;
 }
 
+#ifdef __AVX512F__
 /* Transpose a 16x16 float block in registers: r[i] element j becomes r[j] element i. Interleave 32-bit then
  * 64-bit elements within 128-bit lanes, then gather 128-bit lanes twice. */
 static inline void krn_transpose16(__m512 *r) {
@@ -229,6 +230,33 @@ void krn_cpu_maxpool2d_blocked16(const float *X, float *Y, int64_t N, int64_t C,
             }
     }
 }
+#else
+/* Built without AVX-512 (a portable build: ARCH=x86-64-v3, the Docker image): the same windows, 16 channels as a
+ * plain loop; `acc > v ? acc : v` is _mm512_max_ps's rule, NaNs included. */
+void krn_cpu_maxpool2d_blocked16(const float *X, float *Y, int64_t N, int64_t C, int64_t H, int64_t W, int64_t OH,
+                                 int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int nthreads) {
+    int64_t CB = C / 16;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (N * CB * OH * OW > 2048)
+    for (int64_t nb = 0; nb < N * CB; nb++) {
+        const float *xb = X + nb * H * W * 16;
+        int64_t n = nb / CB, cb = nb % CB;
+        float *yb = Y + (n * C + cb * 16) * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const float *w0 = xb + (oh * SH * W + ow * SW) * 16;
+                float acc[16];
+                memcpy(acc, w0, sizeof acc);
+                for (int64_t kh = 0; kh < KH; kh++)
+                    for (int64_t kw = kh ? 0 : 1; kw < KW; kw++)
+                        for (int j = 0; j < 16; j++) {
+                            float v = w0[(kh * W + kw) * 16 + j];
+                            acc[j] = acc[j] > v ? acc[j] : v;
+                        }
+                for (int j = 0; j < 16; j++) yb[j * OH * OW + oh * OW + ow] = acc[j];
+            }
+    }
+}
+#endif
 
 /* nChw16c float32 MaxPool without padding/dilation, and GlobalAveragePool/GlobalMaxPool: 16 channels a vector. */
 static int pool_blocked16_fast(const krn_call *c, const pool_geo *g) {
@@ -253,6 +281,7 @@ static int pool_blocked16_fast(const krn_call *c, const pool_geo *g) {
         const float *xb = X + nb * H * W * 16;
         int64_t n = nb / CB, cb = nb % CB;
         float *yb = Y + (n * C + cb * 16);
+#ifdef __AVX512F__
         __m512 acc = gmax ? _mm512_set1_ps(-FLT_MAX) : _mm512_setzero_ps();
         for (int64_t i = 0; i < H * W; i++) {
             __m512 v = _mm512_loadu_ps(xb + i * 16);
@@ -260,6 +289,16 @@ static int pool_blocked16_fast(const krn_call *c, const pool_geo *g) {
         }
         if (gavg) acc = _mm512_mul_ps(acc, _mm512_set1_ps(1.f / (float)(H * W)));
         _mm512_storeu_ps(yb, acc); /* global output is [N, C, 1, 1]: 16 consecutive channels */
+#else /* the same, 16 channels as a plain loop (see krn_cpu_maxpool2d_blocked16) */
+        float acc[16];
+        for (int j = 0; j < 16; j++) acc[j] = gmax ? -FLT_MAX : 0.f;
+        for (int64_t i = 0; i < H * W; i++)
+            for (int j = 0; j < 16; j++) {
+                float v = xb[i * 16 + j];
+                acc[j] = gmax ? (acc[j] > v ? acc[j] : v) : acc[j] + v;
+            }
+        for (int j = 0; j < 16; j++) yb[j] = gavg ? acc[j] * (1.f / (float)(H * W)) : acc[j];
+#endif
     }
     return 1;
 }

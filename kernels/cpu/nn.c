@@ -159,6 +159,8 @@ static eng_status mm_gemv_pack(mm_state *s, const float *B, int trans_b, float a
  * (one per row): B streams from cache once per row block instead of once per row. */
 #define MM_GEMV_MR 8
 
+#ifdef __AVX512F__
+#define MM_GEMV_ISA "avx512"
 static void mm_gemv_run(const mm_state *s, const float *A, float *Y, const float *bias, const krn_nn_act_params *act,
                         int nthreads) {
     const int64_t M = s->M, K = s->K, N = s->N, np = (N + 15) / 16, mb = (M + MM_GEMV_MR - 1) / MM_GEMV_MR;
@@ -204,6 +206,30 @@ static void mm_gemv_run(const mm_state *s, const float *A, float *Y, const float
     }
     if (act->kind != KRN_NN_ACT_NONE && !relu) krn_nn_act_apply_f32(Y, M * N, act, 1);
 }
+#else
+/* Built without AVX-512 (a portable build: ARCH=x86-64-v3, the Docker image): the same panels, one row at a
+ * time, 16 lanes as a plain loop the compiler vectorises for the target. */
+#define MM_GEMV_ISA "portable"
+static void mm_gemv_run(const mm_state *s, const float *A, float *Y, const float *bias, const krn_nn_act_params *act,
+                        int nthreads) {
+    const int64_t M = s->M, K = s->K, N = s->N, np = (N + 15) / 16;
+    const float *W = s->wpack;
+    int relu = act->kind == KRN_NN_ACT_RELU && act->alpha == 0.f;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (np * M * K > 8192)
+    for (int64_t pm = 0; pm < np * M; pm++) {
+        int64_t p = pm / M, m = pm % M, n0 = p * 16, cnt = N - n0 < 16 ? N - n0 : 16;
+        const float *wp = W + p * K * 16, *a = A + m * K;
+        float acc[16] = {0};
+        for (int64_t k = 0; k < K; k++)
+            for (int j = 0; j < 16; j++) acc[j] += a[k] * wp[k * 16 + j];
+        for (int64_t j = 0; j < cnt; j++) {
+            float v = acc[j] + (bias ? bias[n0 + j] : 0.f);
+            Y[m * N + n0 + j] = relu && !(v > 0.f) ? 0.f : v;
+        }
+    }
+    if (act->kind != KRN_NN_ACT_NONE && !relu) krn_nn_act_apply_f32(Y, M * N, act, 1);
+}
+#endif
 
 /* ---- oneDNN path ---- */
 
@@ -528,7 +554,7 @@ static eng_status mm_exec(krn_call *c) {
 static void mm_describe(const krn_call *c, krn_impl_info *info) {
     const mm_state *s = c->state;
     memset(info, 0, sizeof *info);
-    if (s && s->mode == MM_GEMV) snprintf(info->impl, sizeof info->impl, "gemv panels (avx512)");
+    if (s && s->mode == MM_GEMV) snprintf(info->impl, sizeof info->impl, "gemv panels (" MM_GEMV_ISA ")");
     else if (s && s->mode == MM_BLAS) snprintf(info->impl, sizeof info->impl, "openblas sgemm");
     else if (s && s->mode == MM_DNNL) {
         char a[48], b[48];
