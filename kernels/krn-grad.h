@@ -53,6 +53,14 @@ typedef struct krn_fill_params {
 } krn_fill_params;
 
 /* ConvGrad(dy, x, w) -> dx, dw, db (each optional). */
+/* ConvGrad: C/group x kernel elements up to which grad-nn.c's register-tiled weight gradient (AVX-512) beats a
+ * library call (first layers: C = 1 or 3); wider ones run on oneDNN's backward primitives (grad-lowp.c). */
+#ifdef __AVX512F__
+#define KRN_CONV_DW_SMALL_MAX_CK 36
+#else
+#define KRN_CONV_DW_SMALL_MAX_CK 0
+#endif
+
 typedef struct krn_conv_grad_params {
     krn_conv_params conv;
 } krn_conv_grad_params;

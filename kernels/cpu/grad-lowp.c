@@ -228,10 +228,12 @@ static void gm_describe(const krn_call *c, krn_impl_info *info) {
     info->reorders = !!s->buf[0] + !!s->buf[1] + !!s->buf[2];
 }
 
-/* ---- ConvGrad(dy, x, w) -> dx, dw, db: oneDNN's bf16 backward-data and backward-weights convolutions, built
- * with a forward-training primitive as their hint; every operand in the layouts oneDNN picks (format `any`),
- * reached by counted reorders from the plan's plain float32 tensors (the conversion to bf16 included); dw / db
- * accumulate and come out in float32. ---- */
+/* ---- ConvGrad(dy, x, w) -> dx, dw, db: oneDNN's backward-data and backward-weights convolutions, in bf16 (a bf16
+ * plan) or float32, built with a forward-training primitive as their hint; every operand in the layouts oneDNN
+ * picks (format `any`), reached by counted reorders from the plan's plain tensors (the conversion to bf16
+ * included); dw / db accumulate and come out in float32. A float32 ConvGrad that oneDNN can only run with its
+ * reference kernel, or whose C*K is small enough for grad-nn.c's register-tiled dw (first layers), stays on
+ * im2col + sgemm (grad-nn.c). ---- */
 
 typedef struct cg_io {
     krn_dnnl_reorder r;
@@ -267,9 +269,10 @@ static void cg_free(void *v) {
     free(s);
 }
 
-static int cg_compute_ok(const krn_call *c, eng_dtype dt) {
+/* Shapes and dtypes oneDNN's ConvGrad takes here: plain layouts, 1-3 spatial dims, float32 or bf16 tensors. */
+static int cg_shapes_ok(const krn_call *c) {
     const krn_conv_params *p = c->params ? &((const krn_conv_grad_params *)c->params)->conv : NULL;
-    if (dt != ENG_DTYPE_BF16 || !p || c->nin != 3 || p->x_layout || p->y_layout) return 0;
+    if (!p || c->nin != 3 || p->x_layout || p->y_layout) return 0;
     int nsp = c->in[1].ndim - 2;
     if (nsp < 1 || nsp > 3 || c->in[0].ndim != c->in[1].ndim || c->in[2].ndim != c->in[1].ndim) return 0;
     for (int i = 0; i < 3; i++)
@@ -279,6 +282,8 @@ static int cg_compute_ok(const krn_call *c, eng_dtype dt) {
             return 0;
     return 1;
 }
+
+static int cg_compute_ok(const krn_call *c, eng_dtype dt) { return dt == ENG_DTYPE_BF16 && cg_shapes_ok(c); }
 
 /* The plan's md of a tensor: plain, its own dtype; weights grouped (G, M/G, C/G, k...) when G > 1. */
 static eng_status cg_plain_md(dnnl_memory_desc_t *md, const eng_tensor *t, int64_t G) {
@@ -330,11 +335,11 @@ static eng_status cg_pd(dnnl_primitive_desc_t *pd, const void *desc, const_dnnl_
         *pd = NULL;
         return krn_dnnl_fail(st, "dnnl_primitive_desc_create", __func__, __FILE__, __LINE__);
     }
-    if (krn_dnnl_is_ref(*pd)) return eng_err(ENG_STATUS_UNSUPPORTED, "oneDNN has only a reference bf16 conv gradient here");
+    if (krn_dnnl_is_ref(*pd)) return eng_err(ENG_STATUS_UNSUPPORTED, "oneDNN has only a reference conv gradient here");
     return ENG_STATUS_OK;
 }
 
-static eng_status cg_build(krn_call *c, cg_state *s) {
+static eng_status cg_build(krn_call *c, cg_state *s, dnnl_data_type_t dt) {
     const krn_conv_params *p = &((const krn_conv_grad_params *)c->params)->conv;
     const eng_tensor *dy = &c->in[0], *x = &c->in[1], *w = &c->in[2];
     int nsp = x->ndim - 2;
@@ -347,9 +352,9 @@ static eng_status cg_build(krn_call *c, cg_state *s) {
     ENG_TRY(cg_plain_md(&xp, x, 1));
     ENG_TRY(cg_plain_md(&wp, w, G));
     ENG_TRY(cg_plain_md(&dyp, dy, 1));
-    ENG_TRY(cg_any_md(&xa, &xp, dnnl_bf16));
-    ENG_TRY(cg_any_md(&wa, &wp, dnnl_bf16));
-    ENG_TRY(cg_any_md(&dya, &dyp, dnnl_bf16));
+    ENG_TRY(cg_any_md(&xa, &xp, dt));
+    ENG_TRY(cg_any_md(&wa, &wp, dt));
+    ENG_TRY(cg_any_md(&dya, &dyp, dt));
     int want_dx = c->nout > 0 && c->out[0].dtype != ENG_DTYPE_UNDEFINED;
     int want_dw = c->nout > 1 && c->out[1].dtype != ENG_DTYPE_UNDEFINED;
     int want_db = c->nout > 2 && c->out[2].dtype != ENG_DTYPE_UNDEFINED;
@@ -399,20 +404,33 @@ static eng_status cg_build(krn_call *c, cg_state *s) {
     }
     int nre = 0;
     for (int i = 0; i < 7; i++) nre += s->io[i].r.prim != NULL;
-    snprintf(s->desc, sizeof s->desc, "%s (bf16 dx, dw) +%d reorders", impl, nre);
+    snprintf(s->desc, sizeof s->desc, "%s (%s dx, dw) +%d reorders", impl, dt == dnnl_bf16 ? "bf16" : "f32", nre);
     return ENG_STATUS_OK;
 }
 
+/* float32: whether oneDNN should run it (else im2col + sgemm, grad-nn.c): plain float32 operands, and a weight
+ * gradient wider than grad-nn.c's register-tiled first-layer case. */
+static int cg_f32_wanted(const krn_call *c) {
+    if (getenv("TENSORD_CONVGRAD_IM2COL") || !cg_shapes_ok(c)) return 0;
+    for (int i = 0; i < 3; i++)
+        if (c->in[i].dtype != ENG_DTYPE_F32) return 0;
+    const krn_conv_params *p = &((const krn_conv_grad_params *)c->params)->conv;
+    int64_t G = p->group > 0 ? p->group : 1, ck = c->in[1].dims[1] / G;
+    for (int d = 2; d < c->in[2].ndim; d++) ck *= c->in[2].dims[d];
+    return ck > KRN_CONV_DW_SMALL_MAX_CK;
+}
+
 static eng_status cg_init(krn_call *c) {
-    if (!c->compute) return ENG_STATUS_OK; /* fp32: im2col + sgemm (grad-nn.c), no state */
-    if (!cg_compute_ok(c, c->compute))
+    if (!c->compute && !cg_f32_wanted(c)) return ENG_STATUS_OK; /* im2col + sgemm (grad-nn.c), no state */
+    if (c->compute && !cg_compute_ok(c, c->compute))
         return eng_err(ENG_STATUS_INTERNAL, "ConvGrad cannot compute in %s here", eng_dtype_name(c->compute));
     cg_state *s = calloc(1, sizeof *s);
     if (!s) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "ConvGrad state");
     krn_dnnl_set_threads(c->nthreads);
-    eng_status st = cg_build(c, s);
+    eng_status st = cg_build(c, s, c->compute ? dnnl_bf16 : dnnl_f32);
     if (st != ENG_STATUS_OK) {
         cg_free(s);
+        if (!c->compute) return ENG_STATUS_OK; /* float32: oneDNN has no fast kernel for it; im2col + sgemm does */
         return eng_err_prefix(st, "bf16 ConvGrad: ");
     }
     c->state = s;

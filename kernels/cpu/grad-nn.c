@@ -135,7 +135,7 @@ static void conv_dw_small(const float *dy, const float *col, int64_t Mg, int64_t
         }
     }
 }
-#define CONV_DW_SMALL_MAX_CK 36
+#define CONV_DW_SMALL_MAX_CK KRN_CONV_DW_SMALL_MAX_CK
 #endif
 
 eng_status krn_cpu_grad_conv_exec(krn_call *c) {
@@ -428,6 +428,32 @@ eng_status krn_cpu_grad_matmul_exec(krn_call *c) {
 
 /* ---- BatchNormalizationGrad ---- */
 
+/* Over one row of a channel, in 16 float lanes folded into double: sum v, sum (v - m)^2 (x rows), or with g given
+ * sum g and sum g (v - m) (dy rows). Vectorised; the lanes keep float rounding to one row's length. */
+static void bn_row2(const float *v, const float *g, int64_t n, float m, double *s1, double *s2) {
+    float a1[16] = {0}, a2[16] = {0};
+    int64_t i = 0;
+    if (g) {
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) a1[j] += g[i + j], a2[j] += g[i + j] * (v[i + j] - m);
+    } else {
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) a1[j] += v[i + j], a2[j] += (v[i + j] - m) * (v[i + j] - m);
+    }
+    double t1 = 0, t2 = 0;
+    for (; i < n; i++) {
+        double d = (double)v[i] - m;
+        t1 += g ? g[i] : v[i];
+        t2 += g ? g[i] * d : d * d;
+    }
+    for (int j = 0; j < 16; j++) t1 += a1[j], t2 += a2[j];
+    *s1 += t1;
+    *s2 += t2;
+}
+
+/* BatchNormalizationGrad: per channel (channels over threads), the batch statistics again in training mode, the
+ * sums of dy and dy * x_hat, then dx in one vectorised pass. Float lanes around a float copy of the mean, folded
+ * into double and corrected to the exact mean. */
 eng_status krn_cpu_grad_batchnorm_exec(krn_call *c) {
     const krn_bn_grad_params *p = c->params;
     const float *dy = c->in[0].data, *x = c->in[1].data, *scale = c->in[2].data, *rmean = c->in[3].data;
@@ -440,33 +466,33 @@ eng_status krn_cpu_grad_batchnorm_exec(krn_call *c) {
         double mean = rmean[cc], var = rvar[cc];
         if (p->training) {
             double s = 0, q = 0;
-            for (int64_t b = 0; b < n; b++)
-                for (int64_t i = 0; i < sp; i++) s += x[(b * ch + cc) * sp + i];
+            for (int64_t b = 0; b < n; b++) bn_row2(x + (b * ch + cc) * sp, NULL, sp, 0.0f, &s, &q);
             mean = cnt > 0 ? s / cnt : 0;
-            for (int64_t b = 0; b < n; b++)
-                for (int64_t i = 0; i < sp; i++) {
-                    double d = x[(b * ch + cc) * sp + i] - mean;
-                    q += d * d;
-                }
-            var = cnt > 0 ? q / cnt : 0;
+            double mf = (float)mean, dm = mean - mf;
+            s = q = 0;
+            for (int64_t b = 0; b < n; b++) bn_row2(x + (b * ch + cc) * sp, NULL, sp, (float)mf, &s, &q);
+            q = q - 2 * dm * (s - cnt * mf) + cnt * dm * dm; /* around mean, not its float copy */
+            var = cnt > 0 && q > 0 ? q / cnt : 0;
         }
-        double inv = 1.0 / sqrt(var + (double)p->epsilon), sdy = 0, sdyx = 0;
-        for (int64_t b = 0; b < n; b++)
-            for (int64_t i = 0; i < sp; i++) {
-                int64_t j = (b * ch + cc) * sp + i;
-                sdy += dy[j];
-                sdyx += dy[j] * (x[j] - mean) * inv;
-            }
+        double inv = 1.0 / sqrt(var + (double)p->epsilon), mf = (float)mean, sdy = 0, sdxm = 0;
+        for (int64_t b = 0; b < n; b++) {
+            int64_t o = (b * ch + cc) * sp;
+            bn_row2(x + o, dy + o, sp, (float)mf, &sdy, &sdxm);
+        }
+        double sdyx = (sdxm - (mean - mf) * sdy) * inv; /* sum dy * (x - mean) * inv */
         if (ds) ds[cc] = (float)sdyx;
         if (dbias) dbias[cc] = (float)sdy;
         double a = scale[cc] * inv;
-        for (int64_t b = 0; b < n; b++)
-            for (int64_t i = 0; i < sp; i++) {
-                int64_t j = (b * ch + cc) * sp + i;
-                double v = dy[j];
-                if (p->training && cnt > 0) v = v - sdy / cnt - (x[j] - mean) * inv * sdyx / cnt;
-                dx[j] = (float)(a * v);
-            }
+        int tr = p->training && cnt > 0;
+        float fa = (float)a, k1 = tr ? (float)(sdy / cnt) : 0.0f, k2 = tr ? (float)(inv * sdyx / cnt) : 0.0f;
+        float fm = (float)mean;
+        for (int64_t b = 0; b < n; b++) {
+            int64_t o = (b * ch + cc) * sp;
+            const float *xr = x + o, *gr = dy + o;
+            float *dr = dx + o;
+#pragma omp simd
+            for (int64_t i = 0; i < sp; i++) dr[i] = fa * (gr[i] - k1 - (xr[i] - fm) * k2);
+        }
     }
     return ENG_STATUS_OK;
 }

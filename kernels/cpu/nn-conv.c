@@ -247,7 +247,9 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dmd_op, nd, dd, ydt, (any_io & 2) ? dnnl_format_tag_any : dtag));
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wplain, wnd, wd, dnnl_f32, conv_plain_tags[wnd]));
     s->wconst = (c->const_mask >> 1) & 1;
-    if (s->wconst || cdt != dnnl_f32) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wmd_any, wnd, wd, cdt, dnnl_format_tag_any));
+    /* weights in the layout the kernel wants: constant ones reordered once; others (training) on every exec, a
+     * small reorder that buys a direct kernel instead of im2col + GEMM */
+    if (s->wconst || cdt != dnnl_f32 || any_io) KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&wmd_any, wnd, wd, cdt, dnnl_format_tag_any));
     else wmd_any = wplain;
     int has_b = c->nin > 2 && c->in[2].dtype != ENG_DTYPE_UNDEFINED;
     KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a));
@@ -301,7 +303,7 @@ static eng_status conv_dnnl_build_alg(krn_call *c, conv_state *s, dnnl_alg_kind_
         KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, s->wpack));
     } else {
         KRN_DNNL_CHECK(dnnl_memory_create(&s->mwei, wmd, eng, DNNL_MEMORY_NONE));
-        ENG_TRY(krn_dnnl_io_reorder(&wplain, wmd, 1, &s->rwei, &s->twei)); /* bf16: converted every exec */
+        ENG_TRY(krn_dnnl_io_reorder(&wplain, wmd, 1, &s->rwei, &s->twei)); /* bf16 or a blocked layout: every exec */
     }
     const dnnl_memory_desc_t *psrc = dnnl_primitive_desc_query_md(s->pd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *pdst = dnnl_primitive_desc_query_md(s->pd, dnnl_query_dst_md, 0);

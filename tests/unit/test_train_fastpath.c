@@ -5,7 +5,9 @@
  *  - a ReduceToShape that reduces nothing is an alias in a static plan (no kernel runs), one that reduces is not;
  *  - the vectorised, threaded gradient kernels on tensors large enough to take their threaded paths: GeluGrad (erf
  *    and tanh), ErfGrad over [-8, 8] (both sides of erf's split), LayerNormalizationGrad (dx, dscale, dbias) and
- *    Softmax/LogSoftmax gradients over the last axis and an inner axis.
+ *    Softmax/LogSoftmax gradients over the last axis and an inner axis;
+ *  - BatchNormalization's training-mode statistics and BatchNormalizationGrad (float lanes folded into double) on
+ *    data with a large mean.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -190,8 +192,9 @@ static void run_node(const char *op, const char *attr_s, const char *attr_v, int
                      int nout, eng_tensor *outs, eng_session **sp) {
     eng_graph *g = eng_graph_new();
     g->opset = 17;
-    int iv[4], ov[3];
-    const char *inames[] = {"i0", "i1", "i2", "i3"}, *onames[] = {"o0", "o1", "o2"};
+    int iv[5], ov[3];
+    const char *inames[] = {"i0", "i1", "i2", "i3", "i4"}, *onames[] = {"o0", "o1", "o2"};
+    cr_assert_leq(nin, 5);
     for (int i = 0; i < nin; i++) iv[i] = input_f32(g, inames[i], in[i].ndim, in[i].dims);
     for (int j = 0; j < nout; j++) ov[j] = val(g, onames[j]);
     int n = eng_graph_add_node(g, op, op, "com.tensord", iv, nin, ov, nout);
@@ -337,4 +340,104 @@ Test(train_fastpath, softmax_gradients_match_float64, .timeout = 60) {
     free(y);
     free(dy);
     free(ref);
+}
+
+/* BatchNormalization in training mode (opset 15: outputs y, running mean, running var) on float32 with a large
+ * mean and a small spread (where a one-pass sum of squares would cancel), against float64. */
+Test(train_fastpath, batchnorm_training_statistics_match_float64, .timeout = 60) {
+    enum { N = 8, C = 5, S = 20 * 20 };
+    static float x[N * C * S];
+    float sc[C], bi[C], rm[C], rv[C];
+    unsigned s = 13;
+    for (int i = 0; i < N * C * S; i++) x[i] = 100.0f + (float)(i % 7) + frand(&s, -0.5f, 0.5f);
+    for (int c = 0; c < C; c++) sc[c] = frand(&s, 0.5f, 1.5f), bi[c] = frand(&s, -1, 1), rm[c] = 0.1f * c, rv[c] = 1 + c;
+    const double eps = 1e-5, mom = 0.9;
+    double mean[C], var[C];
+    for (int c = 0; c < C; c++) {
+        double sum = 0, q = 0;
+        for (int b = 0; b < N; b++)
+            for (int i = 0; i < S; i++) sum += x[(b * C + c) * S + i];
+        mean[c] = sum / (N * S);
+        for (int b = 0; b < N; b++)
+            for (int i = 0; i < S; i++) q += (x[(b * C + c) * S + i] - mean[c]) * (x[(b * C + c) * S + i] - mean[c]);
+        var[c] = q / (N * S);
+    }
+    double *ry = malloc(sizeof(double) * N * C * S), rrm[C], rrv[C];
+    for (int b = 0; b < N; b++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < S; i++) {
+                int k = (b * C + c) * S + i;
+                ry[k] = (x[k] - mean[c]) / sqrt(var[c] + eps) * sc[c] + bi[c];
+            }
+    for (int c = 0; c < C; c++) rrm[c] = rm[c] * mom + mean[c] * (1 - mom), rrv[c] = rv[c] * mom + var[c] * (1 - mom);
+
+    eng_graph *g = eng_graph_new();
+    g->opset = 15;
+    int in[5] = {input_f32(g, "x", 4, (int64_t[]){N, C, 20, 20}), init_f32(g, "scale", 1, (int64_t[]){C}, sc),
+                 init_f32(g, "bias", 1, (int64_t[]){C}, bi), init_f32(g, "mean", 1, (int64_t[]){C}, rm),
+                 init_f32(g, "var", 1, (int64_t[]){C}, rv)};
+    int out[3] = {val(g, "y"), val(g, "running_mean"), val(g, "running_var")};
+    int n = eng_graph_add_node(g, "bn", "BatchNormalization", "", in, 5, out, 3);
+    eng_attr tm = {.name = "training_mode", .type = ENG_ATTR_INT, .i = 1};
+    eng_node_add_attr(g, n, &tm);
+    for (int j = 0; j < 3; j++) list_add(&g->outputs, &g->noutputs, out[j]);
+    eng_session *sess = NULL;
+    eng_session_opts so = {.no_fuse = 1, .nthreads = 2};
+    cr_assert_eq(eng_session_new_graph(g, &so, &sess), ENG_STATUS_OK, "%s", eng_last_error());
+    eng_tensor xin = {.dtype = ENG_DTYPE_F32, .ndim = 4, .dims = {N, C, 20, 20}, .data = x}, outs[3];
+    const char *names[] = {"x"};
+    cr_assert_eq(eng_session_run(sess, 1, names, &xin, outs), ENG_STATUS_OK, "%s", eng_last_error());
+    check_close("BatchNormalization (training) y", outs[0].data, ry, N * C * S, 2e-5);
+    check_close("BatchNormalization (training) running mean", outs[1].data, rrm, C, 1e-6);
+    check_close("BatchNormalization (training) running var", outs[2].data, rrv, C, 1e-5);
+    eng_session_free(&sess);
+    free(ry);
+}
+
+/* BatchNormalizationGrad in training mode (batch statistics recomputed) on data with a large mean, against
+ * float64: dx, dscale, dbias. */
+Test(train_fastpath, batchnorm_gradient_matches_float64, .timeout = 60) {
+    enum { N = 8, C = 5, S = 20 * 20, T = N * C * S };
+    static float x[T], dy[T];
+    float sc[C], rm[C], rv[C];
+    unsigned s = 17;
+    for (int i = 0; i < T; i++) x[i] = 50.0f + (float)(i % 5) + frand(&s, -0.5f, 0.5f), dy[i] = frand(&s, -1, 1);
+    for (int c = 0; c < C; c++) sc[c] = frand(&s, 0.5f, 1.5f), rm[c] = 0, rv[c] = 1;
+    const double eps = 1e-5, cnt = N * S;
+    double *rdx = malloc(sizeof(double) * T), rds[C], rdb[C];
+    for (int c = 0; c < C; c++) {
+        double m = 0, v = 0, sdy = 0, sdyx = 0;
+        for (int b = 0; b < N; b++)
+            for (int i = 0; i < S; i++) m += x[(b * C + c) * S + i];
+        m /= cnt;
+        for (int b = 0; b < N; b++)
+            for (int i = 0; i < S; i++) v += (x[(b * C + c) * S + i] - m) * (x[(b * C + c) * S + i] - m);
+        v /= cnt;
+        double inv = 1 / sqrt(v + eps);
+        for (int b = 0; b < N; b++)
+            for (int i = 0; i < S; i++) {
+                int k = (b * C + c) * S + i;
+                sdy += dy[k];
+                sdyx += dy[k] * (x[k] - m) * inv;
+            }
+        rds[c] = sdyx, rdb[c] = sdy;
+        for (int b = 0; b < N; b++)
+            for (int i = 0; i < S; i++) {
+                int k = (b * C + c) * S + i;
+                rdx[k] = sc[c] * inv * (dy[k] - sdy / cnt - (x[k] - m) * inv * sdyx / cnt);
+            }
+    }
+    eng_tensor t4 = {.dtype = ENG_DTYPE_F32, .ndim = 4, .dims = {N, C, 20, 20}};
+    eng_tensor in[5] = {t4, t4, {.dtype = ENG_DTYPE_F32, .ndim = 1, .dims = {C}, .data = sc},
+                        {.dtype = ENG_DTYPE_F32, .ndim = 1, .dims = {C}, .data = rm},
+                        {.dtype = ENG_DTYPE_F32, .ndim = 1, .dims = {C}, .data = rv}};
+    in[0].data = dy, in[1].data = x;
+    eng_tensor out[3];
+    eng_session *sess = NULL;
+    run_node("BatchNormalizationGrad", NULL, NULL, INT32_MIN, 5, in, 3, out, &sess);
+    check_close("BatchNormalizationGrad dx", out[0].data, rdx, T, 1e-4);
+    check_close("BatchNormalizationGrad dscale", out[1].data, rds, C, 1e-4);
+    check_close("BatchNormalizationGrad dbias", out[2].data, rdb, C, 1e-5);
+    eng_session_free(&sess);
+    free(rdx);
 }
