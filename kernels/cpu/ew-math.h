@@ -117,6 +117,30 @@ static inline float ew_gelu_tanh(float x) {
     return x / (1.0f + ew_exp(-2.0f * y));
 }
 
+/* BatchNorm statistics and gradients (norm-batch.c, grad-nn.c) over one row of a channel, in 16 float lanes
+ * folded into double: sum v, sum (v - m)^2 (x rows), or with g given
+ * sum g and sum g (v - m) (dy rows). Vectorised; the lanes keep float rounding to one row's length. */
+static inline void ew_row_moments(const float *v, const float *g, int64_t n, float m, double *s1, double *s2) {
+    float a1[16] = {0}, a2[16] = {0};
+    int64_t i = 0;
+    if (g) {
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) a1[j] += g[i + j], a2[j] += g[i + j] * (v[i + j] - m);
+    } else {
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) a1[j] += v[i + j], a2[j] += (v[i + j] - m) * (v[i + j] - m);
+    }
+    double t1 = 0, t2 = 0;
+    for (; i < n; i++) {
+        double d = (double)v[i] - m;
+        t1 += g ? g[i] : v[i];
+        t2 += g ? g[i] * d : d * d;
+    }
+    for (int j = 0; j < 16; j++) t1 += a1[j], t2 += a2[j];
+    *s1 += t1;
+    *s2 += t2;
+}
+
 /* d/dx gelu(x) = Phi(x) + x phi(x), erf form; Phi from the same split as ew_gelu (no cancellation for x << 0). */
 static inline float ew_gelu_grad(float x) {
     float t = x * 0.70710678118654752f, a = fabsf(t);

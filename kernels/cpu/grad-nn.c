@@ -21,6 +21,7 @@
 
 #include "../kernel.h"
 #include "../krn-grad.h"
+#include "ew-math.h"
 
 eng_status krn_cpu_grad_conv_exec(krn_call *c);
 eng_status krn_cpu_grad_pool_exec(krn_call *c);
@@ -428,29 +429,6 @@ eng_status krn_cpu_grad_matmul_exec(krn_call *c) {
 
 /* ---- BatchNormalizationGrad ---- */
 
-/* Over one row of a channel, in 16 float lanes folded into double: sum v, sum (v - m)^2 (x rows), or with g given
- * sum g and sum g (v - m) (dy rows). Vectorised; the lanes keep float rounding to one row's length. */
-static void bn_row2(const float *v, const float *g, int64_t n, float m, double *s1, double *s2) {
-    float a1[16] = {0}, a2[16] = {0};
-    int64_t i = 0;
-    if (g) {
-        for (; i + 16 <= n; i += 16)
-            for (int j = 0; j < 16; j++) a1[j] += g[i + j], a2[j] += g[i + j] * (v[i + j] - m);
-    } else {
-        for (; i + 16 <= n; i += 16)
-            for (int j = 0; j < 16; j++) a1[j] += v[i + j], a2[j] += (v[i + j] - m) * (v[i + j] - m);
-    }
-    double t1 = 0, t2 = 0;
-    for (; i < n; i++) {
-        double d = (double)v[i] - m;
-        t1 += g ? g[i] : v[i];
-        t2 += g ? g[i] * d : d * d;
-    }
-    for (int j = 0; j < 16; j++) t1 += a1[j], t2 += a2[j];
-    *s1 += t1;
-    *s2 += t2;
-}
-
 /* BatchNormalizationGrad: per channel (channels over threads), the batch statistics again in training mode, the
  * sums of dy and dy * x_hat, then dx in one vectorised pass. Float lanes around a float copy of the mean, folded
  * into double and corrected to the exact mean. */
@@ -466,18 +444,18 @@ eng_status krn_cpu_grad_batchnorm_exec(krn_call *c) {
         double mean = rmean[cc], var = rvar[cc];
         if (p->training) {
             double s = 0, q = 0;
-            for (int64_t b = 0; b < n; b++) bn_row2(x + (b * ch + cc) * sp, NULL, sp, 0.0f, &s, &q);
+            for (int64_t b = 0; b < n; b++) ew_row_moments(x + (b * ch + cc) * sp, NULL, sp, 0.0f, &s, &q);
             mean = cnt > 0 ? s / cnt : 0;
             double mf = (float)mean, dm = mean - mf;
             s = q = 0;
-            for (int64_t b = 0; b < n; b++) bn_row2(x + (b * ch + cc) * sp, NULL, sp, (float)mf, &s, &q);
+            for (int64_t b = 0; b < n; b++) ew_row_moments(x + (b * ch + cc) * sp, NULL, sp, (float)mf, &s, &q);
             q = q - 2 * dm * (s - cnt * mf) + cnt * dm * dm; /* around mean, not its float copy */
             var = cnt > 0 && q > 0 ? q / cnt : 0;
         }
         double inv = 1.0 / sqrt(var + (double)p->epsilon), mf = (float)mean, sdy = 0, sdxm = 0;
         for (int64_t b = 0; b < n; b++) {
             int64_t o = (b * ch + cc) * sp;
-            bn_row2(x + o, dy + o, sp, (float)mf, &sdy, &sdxm);
+            ew_row_moments(x + o, dy + o, sp, (float)mf, &sdy, &sdxm);
         }
         double sdyx = (sdxm - (mean - mf) * sdy) * inv; /* sum dy * (x - mean) * inv */
         if (ds) ds[cc] = (float)sdyx;

@@ -13,6 +13,7 @@
 #include "../kernel.h"
 #include "../krn-reduce.h"
 #include "reduce-math.h"
+#include "ew-math.h"
 
 eng_status krn_cpu_batchnorm_init(krn_call *c);
 eng_status krn_cpu_batchnorm_exec(krn_call *c);
@@ -113,28 +114,6 @@ static void bn_running_outputs(krn_call *c, const krn_batchnorm_params *p, const
     }
 }
 
-/* Sum of n floats (and of their squared distance to m): 16 float lanes, vectorised, folded into double per call
- * (a row of one channel: a few hundred to a few thousand elements). */
-static void bn_row_sums(const float *v, int64_t n, float m, double *s, double *q) {
-    float as[16] = {0}, aq[16] = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++) {
-            float d = v[i + j] - m;
-            as[j] += v[i + j];
-            aq[j] += d * d;
-        }
-    double ss = 0, qq = 0;
-    for (; i < n; i++) {
-        double d = (double)v[i] - m;
-        ss += v[i];
-        qq += d * d;
-    }
-    for (int j = 0; j < 16; j++) ss += as[j], qq += aq[j];
-    *s += ss;
-    *q += qq;
-}
-
 /* Training mode: batch mean/var per channel (population variance), then normalise with them. float32 input: the
  * channels split over threads, each channel's rows summed in float lanes folded into double (one pass for the
  * mean, one for the variance around it); other dtypes in double. */
@@ -150,10 +129,10 @@ static eng_status bn_training(krn_call *c, const krn_batchnorm_params *p, bn_sta
 #pragma omp parallel for num_threads(nt) if (n * ch * sp >= 65536 && ch > 1) schedule(static)
         for (int64_t cc = 0; cc < ch; cc++) {
             double s = 0, q = 0, dummy = 0;
-            for (int64_t b = 0; b < n; b++) bn_row_sums(xf + (b * ch + cc) * sp, sp, 0.0f, &s, &dummy);
+            for (int64_t b = 0; b < n; b++) ew_row_moments(xf + (b * ch + cc) * sp, NULL, sp, 0.0f, &s, &dummy);
             double m = cnt > 0 ? s / cnt : 0;
             s = 0;
-            for (int64_t b = 0; b < n; b++) bn_row_sums(xf + (b * ch + cc) * sp, sp, (float)m, &s, &q);
+            for (int64_t b = 0; b < n; b++) ew_row_moments(xf + (b * ch + cc) * sp, NULL, sp, (float)m, &s, &q);
             /* q is around (float)m; correct to around m exactly: sum (x - m)^2 = q - 2 (m - mf)(s - cnt mf) + ... */
             double mf = (float)m, dm = m - mf;
             q = q - 2 * dm * (s - cnt * mf) + cnt * dm * dm;
