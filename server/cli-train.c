@@ -58,7 +58,8 @@ static void train_usage(FILE *f) {
             "         [--from-logits true|false] [--val-split 0.1] [--freeze PREFIX]... [--threads T] [--replicas R]\n"
             "         [--resume] [--checkpoint-every K] [--seed S] [--early-stopping-patience P]\n"
             "         [--monitor val_loss|val_accuracy|loss|accuracy] [--keep-best] [--max-steps N] [--precision fp32|mixed_bf16|mixed_fp16]\n"
-            "         [--loss-scale none|dynamic|SCALE] [--loss-scale-growth-steps N] [--devices cpu] [--no-progress]\n"
+            "         [--loss-scale none|dynamic|SCALE] [--loss-scale-growth-steps N] [--replace-head CLASSES]\n"
+            "         [--devices cpu] [--no-progress]\n"
             "       tensord train --job FILE   (JSON job file; JSON lines on stdout: start, step, epoch, done|cancelled|error)\n");
 }
 
@@ -69,7 +70,7 @@ typedef enum train_id {
     T_OPTIMIZER, T_LR, T_MOMENTUM, T_NESTEROV, T_WEIGHT_DECAY, T_CLIPNORM, T_ACCUM_STEPS, T_SCHEDULE, T_WARMUP_STEPS,
     T_STEP_SIZE, T_GAMMA, T_DECAY_STEPS, T_MIN_LR, T_LOSS, T_FROM_LOGITS, T_FREEZE, T_THREADS, T_REPLICAS, T_RESUME,
     T_CHECKPOINT_EVERY, T_SEED, T_PATIENCE, T_MONITOR, T_KEEP_BEST, T_MAX_STEPS, T_PRECISION, T_LOSS_SCALE,
-    T_LOSS_SCALE_GROWTH, T_DEVICES,
+    T_LOSS_SCALE_GROWTH, T_REPLACE_HEAD, T_DEVICES,
     T_NO_PROGRESS, T_JOB_ID, T_COUNT
 } train_id;
 
@@ -126,6 +127,7 @@ static const train_opt train_table[] = {
     {T_PRECISION, "--precision", "precision", J_STR, F_VALUE, REQ_JOB, NOLIM},
     {T_LOSS_SCALE, "--loss-scale", "loss_scale", J_STR_NUM, F_VALUE, 0, NOLIM},
     {T_LOSS_SCALE_GROWTH, "--loss-scale-growth-steps", "loss_scale_growth_steps", J_INT, F_VALUE, 0, 1, LLONG_MAX},
+    {T_REPLACE_HEAD, "--replace-head", "replace_head", J_INT, F_VALUE, 0, 1, 1 << 24},
     {T_DEVICES, "--devices", "devices", J_STRS, F_SPLIT, REQ_JOB, NOLIM},
     {T_NO_PROGRESS, "--no-progress", NULL, J_BOOL, F_SWITCH, 0, NOLIM},
     {T_JOB_ID, NULL, "job_id", J_INT, F_VALUE, REQ_JOB, 0, LLONG_MAX},
@@ -338,6 +340,7 @@ static int train_set(train_args *a, const train_opt *t, const char *name, const 
         return 0;
     }
     case T_LOSS_SCALE_GROWTH: o->loss_scale_growth_steps = i; return 0;
+    case T_REPLACE_HEAD: o->replace_head = i; return 0;
     case T_DEVICES: return add_device(a, v, name, err, n);
     case T_NO_PROGRESS:
         if (parse_bool(name, v, 0, &b, err, n)) return -1;

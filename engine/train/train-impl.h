@@ -148,6 +148,9 @@ typedef struct trn_ctx {
     int64_t nstep_dt;       /* steps recorded in step_dt (all time; index = n % TRN_RATE_WINDOW) */
 } trn_ctx;
 
+/* train-head.c: --replace-head (see eng_train_opts.replace_head); the graph is unchanged on error. */
+eng_status trn_replace_head(eng_graph *g, int64_t classes, uint64_t seed);
+
 /* train-loop.c */
 eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt);
 void trn_replicas_free(trn_ctx *c);

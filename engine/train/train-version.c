@@ -99,6 +99,7 @@ char *trn_metrics_json(const trn_ctx *c) {
     cJSON_AddStringToObject(s, "monitor", o->monitor ? o->monitor : "val_loss");
     cJSON_AddBoolToObject(s, "keep_best", o->keep_best);
     cJSON_AddNumberToObject(s, "max_steps", (double)o->max_steps);
+    cJSON_AddNumberToObject(s, "replace_head", (double)o->replace_head);
     cJSON_AddNumberToObject(s, "trainable_params", c->ntrain);
     cJSON *pre = cJSON_Parse(c->preprocessing);
     cJSON_AddItemToObject(root, "preprocessing", pre ? pre : cJSON_CreateString(c->preprocessing));

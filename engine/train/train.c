@@ -188,6 +188,10 @@ static eng_status build(trn_ctx *c) {
     ENG_TRY(eng_onnx_load_file(path, &c->g0));
     eng_graph *g0 = c->g0;
     if (g0->noutputs < 1) return eng_err(ENG_STATUS_INVALID_MODEL, "model '%s' has no outputs", path);
+    if (o->replace_head > 0) {
+        eng_status hs = trn_replace_head(g0, o->replace_head, o->seed);
+        if (hs != ENG_STATUS_OK) return eng_err_prefix(hs, "model '%s': ", path);
+    }
     c->pred = g0->values[g0->outputs[0]].name;
     c->input_names = calloc((size_t)g0->ninputs + 1, sizeof *c->input_names);
     c->input_col = calloc((size_t)g0->ninputs + 1, sizeof *c->input_col);

@@ -105,6 +105,9 @@ typedef struct eng_train_opts {
     int keep_best;                 /* write the best epoch's weights (by monitor) instead of the last */
     int progress;                  /* progress bar on stderr */
     int64_t max_steps;             /* stop after this many updates (0: no limit); for tests and golden checks */
+    int64_t replace_head;          /* > 0: the classifier producing the first output is replaced by a new one with
+                                    * this many classes (Glorot uniform kernel, zero bias, from `seed`) before
+                                    * training; the new version keeps it (train-head.c) */
     int64_t new_version;           /* version to write; 0: the highest version present + 1 (see above) */
     void (*on_progress)(void *arg, const eng_train_progress *p); /* optional; see above */
     void *progress_arg;
