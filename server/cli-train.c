@@ -34,8 +34,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../engine/ir/file-io.h"
+#ifdef TENSORD_MPI
+#include <mpi.h>
+#endif
+
 #include "../engine/train/allreduce.h"
 #include "../engine/train/loss-scale.h"
 #include "../engine/train/train.h"
@@ -521,6 +526,15 @@ static int train_parse_job(train_args *a, const char *file, cJSON **tree, char *
 
 /* ---- the job protocol on stdout ---- */
 
+/* A rank of an mpirun job that failed: end every rank now (MPI_Abort), since the others may be waiting in an
+ * all-reduce this rank will never join. The engine only returns the error; ending the process is the program's. */
+static void train_mpi_abort(void) {
+#ifdef TENSORD_MPI
+    MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+    _exit(1);
+}
+
 static atomic_int train_cancel_flag; /* set by SIGTERM/SIGINT (and a broken stdout) in job mode */
 
 static void train_on_signal(int sig) {
@@ -742,7 +756,7 @@ int srv_cmd_train(int argc, char **argv) {
             if (world) {
                 fprintf(stderr, "error: rank %d of %d: %s\n", eng_comm_rank(world), eng_comm_size(world), eng_last_error());
                 fflush(stderr);
-                eng_comm_abort(world, 1); /* the other ranks may be waiting in an all-reduce: end the job */
+                train_mpi_abort(); /* the other ranks may be waiting in an all-reduce: end the job */
             }
             fprintf(stderr, "error: %s\n", eng_last_error());
             rc = 1;

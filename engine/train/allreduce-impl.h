@@ -8,7 +8,6 @@ typedef struct eng_comm_ops {
     const char *kind;
     eng_status (*allreduce)(eng_comm *c, int rank, float *buf, int64_t n, int mean);
     void (*barrier)(eng_comm *c, int rank);
-    void (*abort)(eng_comm *c, int code); /* may be NULL */
     void (*free)(eng_comm *c);            /* releases c itself */
 } eng_comm_ops;
 

@@ -72,10 +72,6 @@ void eng_comm_free(eng_comm **cp) {
     *cp = NULL;
 }
 
-void eng_comm_abort(eng_comm *c, int code) {
-    if (c && c->ops->abort) c->ops->abort(c, code);
-}
-
 int eng_comm_size(const eng_comm *c) { return c->size; }
 int eng_comm_rank(const eng_comm *c) { return c->rank; }
 const char *eng_comm_kind(const eng_comm *c) { return c->ops->kind; }
@@ -158,4 +154,4 @@ static eng_status threads_allreduce(eng_comm *cc, int rank, float *buf, int64_t 
 }
 
 static const eng_comm_ops threads_ops = {
-    .kind = "threads", .allreduce = threads_allreduce, .barrier = threads_barrier, .abort = NULL, .free = threads_free};
+    .kind = "threads", .allreduce = threads_allreduce, .barrier = threads_barrier, .free = threads_free};

@@ -23,12 +23,9 @@ int eng_comm_mpi_launched(void);
 /* The MPI world (MPI_Init on first use). UNSUPPORTED, with a message, in a build without MPI. */
 eng_status eng_comm_new_mpi(eng_comm **out);
 
-/* Releases the communicator (MPI: MPI_Finalize, which waits for the other ranks; after an error on this rank use
- * eng_comm_abort instead). */
+/* Releases the communicator (MPI: MPI_Finalize, which waits for the other ranks; a rank that failed while the
+ * others may wait in a collective must not call it: the program ends the job instead, see server/cli-train.c). */
 void eng_comm_free(eng_comm **c);
-/* Ends every rank of the job now with exit status `code` (MPI_Abort): for a rank that failed while the others may
- * be waiting in a collective. Threads: does nothing (their caller returns the error). */
-void eng_comm_abort(eng_comm *c, int code);
 int eng_comm_size(const eng_comm *c);
 /* This process's rank (MPI); -1 for thread communicators, whose ranks pass their own index. */
 int eng_comm_rank(const eng_comm *c);

@@ -55,11 +55,6 @@ static void mpi_barrier(eng_comm *c, int rank) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
-static void mpi_abort(eng_comm *c, int code) {
-    (void)c;
-    MPI_Abort(MPI_COMM_WORLD, code);
-}
-
 static void mpi_free(eng_comm *cc) {
     comm_mpi *c = (comm_mpi *)cc;
     int fin = 0;
@@ -68,7 +63,7 @@ static void mpi_free(eng_comm *cc) {
 }
 
 static const eng_comm_ops mpi_ops = {
-    .kind = "mpi", .allreduce = mpi_allreduce, .barrier = mpi_barrier, .abort = mpi_abort, .free = mpi_free};
+    .kind = "mpi", .allreduce = mpi_allreduce, .barrier = mpi_barrier, .free = mpi_free};
 
 eng_status eng_comm_new_mpi(eng_comm **out) {
     *out = NULL;
