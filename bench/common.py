@@ -192,6 +192,23 @@ def print_notes(notes, load_start, label, t_start):
     print(f"{label} wall time {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
 
 
+def write_result(title, intro, threads, load_start, extra_info, body, notes, save_name=None):
+    """A results page: title, intro, the machine (onnxruntime lines left out), extra_info ("key: value" lines), the
+    command, the body lines (a table), then the notes and the load note as "- " items. Printed; written to
+    bench/results/<save_name> when given."""
+    lines = [f"# {title}", "", intro, ""]
+    lines += [f"- {k}: {v}" for k, v in machine_info(threads, load_start) if not k.startswith("onnxruntime")]
+    lines += [f"- {x}" for x in extra_info] + [f"- command: `{command_line()}`", ""] + list(body)
+    tail = list(notes) + [n_ for n_ in [load_note(load_start)] if n_]
+    if tail:
+        lines += [""] + [f"- {n_}" for n_ in tail]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if save_name:
+        with open(os.path.join(ROOT, "bench", "results", save_name), "w") as f:
+            f.write(text)
+
+
 def fmt(x, nd=3):
     return "n/a" if x is None else f"{x:.{nd}f}"
 

@@ -141,6 +141,21 @@ static inline void ew_row_moments(const float *v, const float *g, int64_t n, flo
     *s2 += t2;
 }
 
+/* Batch mean and population variance of channel cc of an (n, ch, sp) float32 tensor, as BatchNormalization in
+ * training mode and its gradient need them: one pass for the mean, one for the squares around its float copy,
+ * corrected to around the exact mean: sum (x - m)^2 = q - 2 (m - mf) (sum x - cnt mf) + cnt (m - mf)^2. */
+static inline void ew_channel_moments(const float *x, int64_t n, int64_t ch, int64_t sp, int64_t cc, double *mean,
+                                      double *var) {
+    double s = 0, q = 0, cnt = (double)(n * sp);
+    for (int64_t b = 0; b < n; b++) ew_row_moments(x + (b * ch + cc) * sp, NULL, sp, 0.0f, &s, &q);
+    double m = cnt > 0 ? s / cnt : 0, mf = (float)m, dm = m - mf;
+    s = q = 0;
+    for (int64_t b = 0; b < n; b++) ew_row_moments(x + (b * ch + cc) * sp, NULL, sp, (float)mf, &s, &q);
+    q = q - 2 * dm * (s - cnt * mf) + cnt * dm * dm;
+    *mean = m;
+    *var = cnt > 0 && q > 0 ? q / cnt : 0;
+}
+
 /* d/dx gelu(x) = Phi(x) + x phi(x), erf form; Phi from the same split as ew_gelu (no cancellation for x << 0). */
 static inline float ew_gelu_grad(float x) {
     float t = x * 0.70710678118654752f, a = fabsf(t);

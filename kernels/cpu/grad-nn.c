@@ -442,16 +442,7 @@ eng_status krn_cpu_grad_batchnorm_exec(krn_call *c) {
 #pragma omp parallel for num_threads(c->nthreads) if (n * ch * sp > 65536)
     for (int64_t cc = 0; cc < ch; cc++) {
         double mean = rmean[cc], var = rvar[cc];
-        if (p->training) {
-            double s = 0, q = 0;
-            for (int64_t b = 0; b < n; b++) ew_row_moments(x + (b * ch + cc) * sp, NULL, sp, 0.0f, &s, &q);
-            mean = cnt > 0 ? s / cnt : 0;
-            double mf = (float)mean, dm = mean - mf;
-            s = q = 0;
-            for (int64_t b = 0; b < n; b++) ew_row_moments(x + (b * ch + cc) * sp, NULL, sp, (float)mf, &s, &q);
-            q = q - 2 * dm * (s - cnt * mf) + cnt * dm * dm; /* around mean, not its float copy */
-            var = cnt > 0 && q > 0 ? q / cnt : 0;
-        }
+        if (p->training) ew_channel_moments(x, n, ch, sp, cc, &mean, &var);
         double inv = 1.0 / sqrt(var + (double)p->epsilon), mf = (float)mean, sdy = 0, sdxm = 0;
         for (int64_t b = 0; b < n; b++) {
             int64_t o = (b * ch + cc) * sp;

@@ -124,21 +124,9 @@ static eng_status bn_training(krn_call *c, const krn_batchnorm_params *p, bn_sta
         double *mv = calloc((size_t)(2 * ch > 0 ? 2 * ch : 1), sizeof(double));
         if (!mv) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "batch statistics for %lld channels", (long long)ch);
         const float *xf = x->data;
-        double cnt = (double)(n * sp);
         int nt = c->nthreads > 0 ? c->nthreads : 1;
 #pragma omp parallel for num_threads(nt) if (n * ch * sp >= 65536 && ch > 1) schedule(static)
-        for (int64_t cc = 0; cc < ch; cc++) {
-            double s = 0, q = 0, dummy = 0;
-            for (int64_t b = 0; b < n; b++) ew_row_moments(xf + (b * ch + cc) * sp, NULL, sp, 0.0f, &s, &dummy);
-            double m = cnt > 0 ? s / cnt : 0;
-            s = 0;
-            for (int64_t b = 0; b < n; b++) ew_row_moments(xf + (b * ch + cc) * sp, NULL, sp, (float)m, &s, &q);
-            /* q is around (float)m; correct to around m exactly: sum (x - m)^2 = q - 2 (m - mf)(s - cnt mf) + ... */
-            double mf = (float)m, dm = m - mf;
-            q = q - 2 * dm * (s - cnt * mf) + cnt * dm * dm;
-            mv[cc] = m;
-            mv[ch + cc] = cnt > 0 && q > 0 ? q / cnt : 0;
-        }
+        for (int64_t cc = 0; cc < ch; cc++) ew_channel_moments(xf, n, ch, sp, cc, &mv[cc], &mv[ch + cc]);
         for (int64_t cc = 0; cc < ch; cc++) {
             double a = eng_tensor_get_f64(&c->in[1], cc) / sqrt(mv[ch + cc] + (double)p->epsilon);
             st->a[cc] = a;
