@@ -5,9 +5,11 @@
 #   make SAN=1 test the same under AddressSanitizer + UBSan (build/san)
 #   make test-container  build the Docker image (Dockerfile, cpu target) with podman and run it as users do; CI runs it
 #                   after make test (tests/container/)
-#   make CUDA=1     also compile every kernels/cuda/*.cu (needs nvcc; no GPU needed to compile)
+#   make CUDA=0     skip the CUDA backend (built by default when nvcc is found: build/libtensord_cuda.so, a plugin the
+#                   binary loads at start; with no GPU or driver it logs "no CUDA device, using CPU" and runs on the CPU)
 #   make bench      run the benchmarks against onnxruntime (bench/)
 SHELL := /bin/bash
+comma := ,
 CC ?= gcc
 ARCH ?= native
 SAN ?= 0
@@ -34,10 +36,18 @@ LDLIBS := -lgrpc -lgpr -lmicrohttpd -lcjson -lsqlite3 -ldnnl -lopenblas -lprotob
 # ---- feature detection: one line per feature ----
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 ifeq ($(CUDA),auto)
-CUDA_ON := 0
+CUDA_ON := $(if $(NVCC),1,0)
 else
 CUDA_ON := $(CUDA)
 endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# sm_80 (A100) and sm_90 (H100/H200) code, plus PTX of sm_90 for newer cards to JIT.
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+HAVE_CUDNN := $(shell test -f $(CUDA_HOME)/include/cudnn.h -o -f /usr/include/cudnn.h && echo 1 || echo 0)
+HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h -o -f /usr/include/nccl.h && echo 1 || echo 0)
+NVCCFLAGS := -O3 -std=c++20 $(CUDA_ARCH) -I. -Xcompiler -fPIC,-Wall,-Wextra,-Wno-unused-parameter,-Wno-missing-field-initializers \
+	$(if $(CI),-Werror all-warnings,) -DTENSORD_NCCL=$(HAVE_NCCL)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lcudnn $(if $(filter 1,$(HAVE_NCCL)),-lnccl,) -Xlinker -rpath=$(CUDA_HOME)/lib64
 HAVE_DNNL := $(shell test -f /usr/include/dnnl.h && echo 1 || echo 0)
 HAVE_ONNX_PROTO := $(shell test -f /usr/include/onnx/onnx.proto && echo 1 || echo 0)
 $(info tensord build: oneDNN $(if $(filter 1,$(HAVE_DNNL)),found,NOT FOUND (make deps)))
@@ -52,9 +62,10 @@ CFLAGS_BASE += -DTENSORD_MPI=1 $(MPI_CFLAGS)
 LDLIBS += $(MPI_LIBS)
 endif
 $(info tensord build: MPI $(if $(MPI_LIBS),found (OpenMPI: mpirun -np N tensord train),$(if $(filter 0,$(MPI)),off (MPI=0),not found (make deps installs libopenmpi-dev))))
-$(info tensord build: nvcc $(if $(NVCC),found at $(NVCC),not found)$(if $(filter 1,$(CUDA_ON)), (CUDA=1: compiling kernels/cuda), (CUDA kernels off; CUDA=1 to compile)))
+$(info tensord build: CUDA $(if $(filter 1,$(CUDA_ON)),on (nvcc $(NVCC); build/libtensord_cuda.so),off$(if $(NVCC), (CUDA=0), (nvcc not found))))
+$(if $(filter 1,$(CUDA_ON)),$(info tensord build: cuDNN $(if $(filter 1,$(HAVE_CUDNN)),found,NOT FOUND)$(comma) NCCL $(if $(filter 1,$(HAVE_NCCL)),found,not found (multi-GPU training off))))
 
-LIB_SRC := $(wildcard engine/*.c engine/*/*.c kernels/*.c kernels/cpu/*.c)
+LIB_SRC := $(wildcard engine/*.c engine/*/*.c kernels/*.c kernels/cpu/*.c kernels/sim/*.c)
 BIN_SRC := $(wildcard server/*.c admin/*.c models/*.c)
 CU_SRC := $(wildcard kernels/cuda/*.cu)
 LIB_OBJ := $(GEN)/onnx.pb-c.o $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
@@ -71,7 +82,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 .PHONY: all deps test test-unit test-ops test-conformance test-py test-san test-fuzz test-container bench demo serve-demo clean cuda
-all: $(BUILD)/tensord $(BUILD)/libtensord.a $(if $(filter 1,$(CUDA_ON)),cuda,)
+all: $(BUILD)/tensord $(BUILD)/libtensord.a $(if $(filter 1,$(CUDA_ON)),$(BUILD)/libtensord_cuda.so,)
 
 $(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
 	@mkdir -p $(GEN)
@@ -102,24 +113,33 @@ $(BUILD)/libtensord.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# -rdynamic: the CUDA plugin calls the engine's eng_err & co. from the binary that loaded it.
 $(BUILD)/tensord: $(BIN_OBJ) $(BUILD)/libtensord.a
-	$(CC) $(CFLAGS) -o $@ $(BIN_OBJ) $(BUILD)/libtensord.a $(LDLIBS)
+	$(CC) $(CFLAGS) -rdynamic -o $@ $(BIN_OBJ) $(BUILD)/libtensord.a $(LDLIBS) -ldl
 
-cuda: $(CU_OBJ)
-$(BUILD)/obj/%.o: %.cu
+cuda: $(BUILD)/libtensord_cuda.so
+$(BUILD)/obj/%.o: %.cu $(wildcard kernels/cuda/*.h) kernels/kernel.h kernels/backend-impl.h kernels/krn-*.h Makefile
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -I. -Xcompiler -fPIC -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libtensord_cuda.so: $(CU_OBJ)
+	$(NVCC) -shared $(CUDA_ARCH) -o $@ $(CU_OBJ) $(CUDA_LIBS)
 
 # Unit tests #include the server sources they test: -MMD records those, so editing one rebuilds the test.
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtensord.a $(PROTO_H) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a -lcriterion $(LDLIBS)
+	$(CC) $(CFLAGS) -rdynamic -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a -lcriterion $(LDLIBS) -ldl
 
 # The op x backend x precision walker (tests/test_ops.c): its own binary, not a Criterion test, since it is one
 # table-driven run over the ONNX node tests that prints a summary table.
 $(BUILD)/tests/test_ops: tests/test_ops.c $(BUILD)/libtensord.a Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a $(LDLIBS)
+	$(CC) $(CFLAGS) -rdynamic -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a $(LDLIBS) -ldl
+
+# The CUDA matmul kernel against a bare cuBLASLt call (tests/gpu/run.sh runs it on a GPU machine).
+$(BUILD)/tests/gpu_bench: tests/gpu/gpu_bench.c $(BUILD)/libtensord.a Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -rdynamic -MMD -MP -MF $@.d -o $@ $< $(BUILD)/libtensord.a $(LDLIBS) -ldl
 
 -include $(shell find $(BUILD)/obj $(BUILD)/tests -name '*.d' 2>/dev/null)
 

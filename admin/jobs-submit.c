@@ -271,17 +271,19 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
             return srv_err(err, SRV_INVALID_ARGUMENT, "\"early_stopping\" takes {\"patience\": n >= 1, \"monitor\": "
                            "val_loss|val_accuracy|loss|accuracy}");
     }
+    const krn_backend *pb = NULL; /* the first device's backend: the one the precision must run on */
     if ((f = cJSON_GetObjectItemCaseSensitive(b, "devices"))) {
         const cJSON *e;
         if (!cJSON_IsArray(f) || cJSON_GetArraySize(f) == 0)
             return srv_err(err, SRV_INVALID_ARGUMENT, "\"devices\" must be a list such as [\"cpu\"]");
+        if (cJSON_GetArraySize(f) > 64) return srv_err(err, SRV_INVALID_ARGUMENT, "\"devices\" lists more than 64");
         cJSON_ArrayForEach(e, f) {
             if (!cJSON_IsString(e)) return srv_err(err, SRV_INVALID_ARGUMENT, "\"devices\" must be a list of strings");
-            if (!strncmp(e->valuestring, "cuda", 4))
-                return srv_err(err, SRV_INVALID_ARGUMENT, "device '%.40s': this build has no CUDA backend; use "
-                               "\"devices\": [\"cpu\"]", e->valuestring);
-            if (strcmp(e->valuestring, "cpu") != 0)
-                return srv_err(err, SRV_INVALID_ARGUMENT, "device '%.40s' is unknown (\"cpu\")", e->valuestring);
+            const krn_backend *kb;
+            /* refused now, with the reason, not by the worker later: a device this machine does not have */
+            if (krn_backend_by_name(e->valuestring, &kb, NULL) != ENG_STATUS_OK)
+                return srv_err(err, SRV_INVALID_ARGUMENT, "\"devices\": %s", eng_last_error());
+            if (!pb) pb = kb;
         }
     }
     if ((f = cJSON_GetObjectItemCaseSensitive(b, "precision"))) {
@@ -292,7 +294,7 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
             return srv_err(err, SRV_INVALID_ARGUMENT, "precision '%.40s' is unknown: fp32, mixed_bf16 or mixed_fp16",
                            f->valuestring);
         /* refused now, not by the worker later, where this machine cannot run it fast */
-        if ((bf || hf) && krn_backend_cpu()->precision_check(bf ? ENG_DTYPE_BF16 : ENG_DTYPE_F16) != ENG_STATUS_OK)
+        if ((bf || hf) && krn_backend_precision_check(pb, bf ? ENG_DTYPE_BF16 : ENG_DTYPE_F16) != ENG_STATUS_OK)
             return srv_err(err, SRV_INVALID_ARGUMENT, "precision '%s': %s", f->valuestring, eng_last_error());
     }
     if ((f = cJSON_GetObjectItemCaseSensitive(b, "loss_scale"))) {
@@ -392,8 +394,13 @@ char *job_worker_file(adm_jobs *j, const adm_job_rec *r, int resume, srv_error *
         for (int i = 0; pass[i]; i++) copy_item(w, spec, pass[i]);
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(spec, "precision");
         cJSON_AddStringToObject(w, "precision", cJSON_IsString(pr) ? pr->valuestring : "fp32");
-        cJSON *dev = cJSON_AddArrayToObject(w, "devices");
-        cJSON_AddItemToArray(dev, cJSON_CreateString("cpu"));
+        const cJSON *want = cJSON_GetObjectItemCaseSensitive(spec, "devices");
+        if (cJSON_IsArray(want)) {
+            cJSON_AddItemToObject(w, "devices", cJSON_Duplicate(want, 1));
+        } else {
+            cJSON *dev = cJSON_AddArrayToObject(w, "devices");
+            cJSON_AddItemToArray(dev, cJSON_CreateString("cpu"));
+        }
         cJSON_AddBoolToObject(w, "resume", resume);
         const cJSON *ce = cJSON_GetObjectItemCaseSensitive(spec, "checkpoint_every");
         double every = 0;

@@ -1,6 +1,11 @@
 /* kernel.h - the backend dispatch interface.
  *
- * A backend (CPU now, CUDA later) is a table of kernels looked up by name at plan time. A kernel computes one
+ * A backend (the CPU; CUDA, loaded as a plugin, kernels/cuda/; "sim", a host-memory test device) is a table of
+ * kernels looked up by name at plan time, plus where its tensors live (its buffers) and how work is queued on it
+ * (its execution context). The planner places each node on the plan's backend where that backend has the kernel
+ * and the kernel supports the call, and on the CPU otherwise, moving tensors between the two with counted copies
+ * (engine/plan/plan-place.c). The backend's struct body is in kernels/backend-impl.h: engine code sees the opaque
+ * handle and the functions below. A kernel computes one
  * op family on dense tensors; it knows nothing of graphs: the engine parses ONNX attributes into a plain
  * params struct (declared in kernels/krn-<family>.h) and resolves all shapes before calling it.
  *
@@ -14,6 +19,11 @@
 
 #include "../engine/ir/tensor.h"
 
+typedef struct krn_backend krn_backend;
+/* A backend's execution context: on CUDA a device, a stream, library handles and a workspace; one per plan (so one
+ * stream per batch worker). NULL on the CPU, which needs none. Kernels of a backend cast it to their own type. */
+typedef struct krn_ctx krn_ctx;
+
 typedef struct krn_call {
     const void *params;     /* op-specific params struct, or NULL */
     const eng_tensor *in;   /* nin inputs; in[i].data == NULL for an omitted optional input (dtype UNDEFINED) */
@@ -26,6 +36,8 @@ typedef struct krn_call {
     eng_dtype compute;      /* reduced-precision plans: the dtype the kernel multiplies in (ENG_DTYPE_BF16 / F16),
                              * with fp32 accumulation; its float inputs and outputs may then be f32 or that dtype.
                              * ENG_DTYPE_UNDEFINED: compute in the dtype of the tensors (the fp32 path) */
+    krn_ctx *ctx;           /* the backend's execution context (NULL on the CPU); device kernels queue work on it
+                             * and return without waiting; in/out data are then that backend's buffers */
 } krn_call;
 
 /* What a kernel's init chose, for profiles and slow-path warnings (kernels know no node names; the planner
@@ -61,17 +73,65 @@ typedef struct krn_kernel {
      * (oneDNN's bf16 pooling). A bf16 plan then stores an activation in bf16 between, say, a LayerNorm and the
      * matmuls that read it. NULL: fp32 tensors only. */
     int (*io_ok)(const krn_call *c, eng_dtype dt);
+    /* Whether this kernel runs call c (shapes, dtypes, params final; no data) on its backend: 1 yes, 0 no (the
+     * planner then places the node on the CPU). NULL: every call its exec accepts. CPU kernels leave it NULL. */
+    int (*supports)(const krn_call *c);
+    /* Device kernels that validate data they cannot return an error for while queued (an index out of range):
+     * called by the planner after the run's sync, with the run's call; returns the error the CPU kernel would have
+     * (naming the index, its position and the bound). NULL: nothing to check. */
+    eng_status (*check)(const krn_call *c);
 } krn_kernel;
 
-typedef struct krn_backend {
-    const char *name;        /* "cpu", "cuda" */
-    const krn_kernel *const *tables; /* NULL-terminated list of {NULL}-terminated kernel arrays */
-    /* Whether this backend runs compute dtype dt (ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_I8) fast on this
-     * machine: OK, or UNSUPPORTED with a message naming what is missing (an ISA, a device capability). */
-    eng_status (*precision_check)(eng_dtype dt);
-} krn_backend;
-
+/* ---- backends ---- */
 const krn_backend *krn_backend_cpu(void);
+/* The backend a device name selects: "cpu", "cuda" / "cuda:N" (the CUDA plugin, when built and a device is there),
+ * "sim" / "sim:N" (tests). *device gets N (0 if not given). NULL with a message naming what is missing when the
+ * backend is not there (no plugin, no driver, no device, N out of range). */
+eng_status krn_backend_by_name(const char *spec, const krn_backend **out, int *device);
+/* "auto": CUDA device 0 when one is there, else the CPU. Silent: callers log krn_backend_auto_note() once, where
+ * their log goes ("no CUDA device, using CPU (<why>)" or "using CUDA (N devices)"). */
+const krn_backend *krn_backend_auto(int *device);
+const char *krn_backend_auto_note(void);
+/* Why the CUDA backend is not there ("" when it is): no plugin built, no driver, no device. */
+const char *krn_cuda_unavailable_reason(void);
+
+const char *krn_backend_name(const krn_backend *b);
+int krn_backend_is_host(const krn_backend *b); /* 1: its tensors are host memory (the CPU) */
+/* Whether this backend runs compute dtype dt (ENG_DTYPE_BF16, ENG_DTYPE_F16, ENG_DTYPE_I8) fast on this
+ * machine: OK, or UNSUPPORTED with a message naming what is missing (an ISA, a device capability). */
+eng_status krn_backend_precision_check(const krn_backend *b, eng_dtype dt);
+int krn_backend_device_count(const krn_backend *b);
+/* Free and total memory of device dev (host backends: 0, 0). */
+eng_status krn_backend_mem_info(const krn_backend *b, int dev, size_t *free_b, size_t *total_b);
+
+/* Execution contexts (NULL *out and OK for host backends). */
+eng_status krn_ctx_new(const krn_backend *b, int device, krn_ctx **out);
+void krn_ctx_free(const krn_backend *b, krn_ctx **c);
+eng_status krn_ctx_sync(const krn_backend *b, krn_ctx *c); /* wait for all work queued on c; its first error */
+/* Make the calling thread's kernel launches go to c's device (CUDA: cudaSetDevice); call before running kernels of
+ * c on a thread (a batch worker, a replica). */
+eng_status krn_ctx_enter(const krn_backend *b, krn_ctx *c);
+
+/* Buffers of backend b (host backends: eng_alloc). alloc fails with OUT_OF_MEMORY naming the bytes and the device. */
+eng_status krn_buf_alloc(const krn_backend *b, krn_ctx *c, size_t nbytes, void **out);
+void krn_buf_free(const krn_backend *b, krn_ctx *c, void *p);
+/* Host memory the backend copies from and to fast (CUDA: pinned); eng_alloc for host backends. */
+eng_status krn_host_alloc(const krn_backend *b, size_t nbytes, void **out);
+void krn_host_free(const krn_backend *b, void *p);
+/* Copies queued on c: host -> b, b -> host, b -> b. The host side must stay valid until krn_ctx_sync. */
+eng_status krn_buf_set(const krn_backend *b, krn_ctx *c, void *dst, const void *host_src, size_t n);
+eng_status krn_buf_get(const krn_backend *b, krn_ctx *c, void *host_dst, const void *src, size_t n);
+eng_status krn_buf_copy(const krn_backend *b, krn_ctx *c, void *dst, const void *src, size_t n);
+/* Events order work across contexts (a gradient bucket's all-reduce after the backward kernels that wrote it):
+ * record marks the point reached on c; wait makes later work on c wait for it; sync blocks the host. Host
+ * backends: no-ops (work is done when the call returns). */
+typedef struct krn_event krn_event;
+eng_status krn_event_new(const krn_backend *b, krn_ctx *c, krn_event **out);
+eng_status krn_event_record(const krn_backend *b, krn_ctx *c, krn_event *e);
+eng_status krn_event_wait(const krn_backend *b, krn_ctx *c, krn_event *e);
+eng_status krn_event_sync(const krn_backend *b, krn_event *e);
+void krn_event_free(const krn_backend *b, krn_event **e);
+
 /* Kernel by name, NULL if this backend has none. */
 const krn_kernel *krn_backend_find(const krn_backend *b, const char *name);
 /* Kernel by name and compute dtype: the kernel named `name` if it computes in dt (ENG_DTYPE_F32 / UNDEFINED:

@@ -18,6 +18,8 @@ typedef struct run_args {
     const char *outdir;
     int nthreads;
     eng_precision precision;
+    const krn_backend *backend; /* --device (default: the CPU; "auto": CUDA device 0 when there is one) */
+    int device;
     int iterations, warmup;
     int ninputs;
     char *names[RUN_MAX_INPUTS];
@@ -54,6 +56,13 @@ static int parse(int argc, char **argv, run_args *a, int bench) {
             }
         }
         else if ((v = srv_flag(argc, argv, &i, "--warmup"))) a->warmup = atoi(v);
+        else if ((v = srv_flag(argc, argv, &i, "--device"))) {
+            if (krn_backend_by_name(v, &a->backend, &a->device) != ENG_STATUS_OK) {
+                fprintf(stderr, "error: --device: %s\n", eng_last_error());
+                return 2;
+            }
+            if (strcmp(v, "auto") == 0) fprintf(stderr, "tensord: %s\n", krn_backend_auto_note());
+        }
         else if ((v = srv_flag(argc, argv, &i, "--input"))) {
             const char *eq = strchr(v, '=');
             if (!eq || eq == v || !eq[1]) {
@@ -122,7 +131,8 @@ static int open_model(int argc, char **argv, int bench, run_args *a, eng_session
         run_args_free(a);
         return rc;
     }
-    eng_session_opts so = {.nthreads = a->nthreads, .precision = a->precision};
+    eng_session_opts so = {.nthreads = a->nthreads, .precision = a->precision, .backend = a->backend,
+                           .device = a->device};
     if (eng_session_new_file(a->model, &so, s) != ENG_STATUS_OK) {
         run_args_free(a);
         return fail(NULL);
@@ -198,6 +208,10 @@ int srv_cmd_bench(int argc, char **argv) {
         if (st.split_workers) printf(" batch_split=%d threads x %d rows", st.split_workers, st.split_rows);
         printf(" precision=%s", eng_precision_name(st.precision));
         if (st.lowp_steps) printf(" (%d steps, %d activations in %s)", st.lowp_steps, st.lowp_values, eng_precision_name(st.precision));
+        if (st.device_steps)
+            printf(" device=%s:%d device_steps=%d fallback_steps=%d copies=%d copy_bytes=%zu device_bytes=%zu",
+                   krn_backend_name(a.backend), a.device, st.device_steps, st.fallback_steps, st.copies, st.copy_bytes,
+                   st.device_bytes);
         printf("\n");
         printf("iterations=%d min_ms=%.4f max_ms=%.4f\n", a.iterations, t[0], t[a.iterations - 1]);
         printf("median_ms=%.4f p90_ms=%.4f\n", med, p90);

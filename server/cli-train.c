@@ -64,7 +64,7 @@ static void train_usage(FILE *f) {
             "         [--resume] [--checkpoint-every K] [--seed S] [--early-stopping-patience P]\n"
             "         [--monitor val_loss|val_accuracy|loss|accuracy] [--keep-best] [--max-steps N] [--precision fp32|mixed_bf16|mixed_fp16]\n"
             "         [--loss-scale none|dynamic|SCALE] [--loss-scale-growth-steps N] [--replace-head CLASSES]\n"
-            "         [--devices cpu] [--no-progress]\n"
+            "         [--devices cpu|cuda:N[,cuda:M...]] [--no-progress]\n"
             "       tensord train --job FILE   (JSON job file; JSON lines on stdout: start, step, epoch, done|cancelled|error)\n");
 }
 
@@ -145,6 +145,7 @@ typedef struct train_args {
     const char *data[TRAIN_MAX_FILES], *val[TRAIN_MAX_FILES], *freeze[TRAIN_MAX_FILES];
     char *owned[TRAIN_MAX_OWNED];
     int nowned;
+    const char *devices[TRAIN_MAX_FILES];
     int ndevices;
     int64_t job_id;
 } train_args;
@@ -210,15 +211,19 @@ static int add_str(const char **list, int *count, const char *v, const char *nam
     return 0;
 }
 
+/* "cpu", "cuda:N", "sim:N" (kernels/kernel.h's grammar); each listed device runs one data-parallel replica. A device
+ * that is not there (no GPU, an index past the last) is refused now, with the reason. */
 static int add_device(train_args *a, const char *v, const char *name, char *err, size_t n) {
-    if (strcmp(v, "cpu") == 0) {
-        if (a->ndevices > 0) return set_err(err, n, "%s: 'cpu' is listed twice", name);
-        a->ndevices++;
-        return 0;
-    }
-    if (strncmp(v, "cuda", 4) == 0 || strncmp(v, "gpu", 3) == 0)
-        return set_err(err, n, "%s: device '%s' is not available: this build has no CUDA backend (use [\"cpu\"])", name, v);
-    return set_err(err, n, "%s: unknown device '%s' (this build trains on \"cpu\")", name, v);
+    const krn_backend *b;
+    for (int i = 0; i < a->ndevices; i++)
+        if (strcmp(a->devices[i], v) == 0) return set_err(err, n, "%s: '%s' is listed twice", name, v);
+    if (a->ndevices == TRAIN_MAX_FILES) return set_err(err, n, "%s: more than %d devices", name, TRAIN_MAX_FILES);
+    if (krn_backend_by_name(v, &b, NULL) != ENG_STATUS_OK) return set_err(err, n, "%s: %s", name, eng_last_error());
+    if (strcmp(v, "auto") == 0) fprintf(stderr, "tensord: %s\n", krn_backend_auto_note());
+    a->devices[a->ndevices++] = v;
+    a->o.devices = a->devices;
+    a->o.ndevices = a->ndevices;
+    return 0;
 }
 
 /* Set option t from its text value v (a flag's argument or a job-file value turned into text). name: how the

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device.h"
 #include "textproto.h"
 #include "../engine/plan/plan.h"
 
@@ -58,6 +59,7 @@ static const opt_def opt_table[] = {
     {"max_upload_bytes", OPT_I64, O(max_upload_bytes)},
     {"dataset_quota_bytes", OPT_I64, O(dataset_quota_bytes)},
     {"max_concurrent_jobs", OPT_INT, O(max_concurrent_jobs)},
+    {"device", OPT_STR, O(device)},
 };
 #undef O
 
@@ -194,6 +196,12 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
         strcmp(o->model_control_mode, "explicit") != 0)
         return srv_err(err, SRV_INVALID_ARGUMENT, "--model_control_mode: expected poll or explicit, got '%s'",
                        o->model_control_mode);
+    if (!o->device) { /* the flag, else env TENSORD_DEVICE, else auto */
+        const char *env = getenv("TENSORD_DEVICE");
+        if (!(o->device = strdup(env && *env ? env : "auto"))) return srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    srv_code dc = srv_device_spec_check(o->device, "--device", NULL, err);
+    if (dc != SRV_OK) return dc;
     return srv_options_admin_token(o, err);
 }
 
@@ -213,6 +221,7 @@ void srv_options_free(srv_options *o) {
     free(o->model_control_mode);
     free(o->admin_token_file);
     free(o->admin_token);
+    free(o->device);
     memset(o, 0, sizeof *o);
 }
 
@@ -293,6 +302,30 @@ static srv_code cfg_traffic(const srv_tp *m, const char *what, srv_model_config 
     return cfg_auto_rollback(t, what, c, err);
 }
 
+/* tensord's `device: 'cuda:0,cuda:1'` (also repeated, or a JSON array): where the model's versions run, instead of
+ * --device. Checked now (server/device.h); a device missing on this machine fails the model's loads instead. */
+static srv_code cfg_device(const srv_tp *m, const char *what, srv_model_config *c, srv_error *err) {
+    int nd = srv_tp_count(m, "device");
+    if (nd == 0) return SRV_OK;
+    char spec[SRV_DEVICE_SPEC_MAX + 1] = "", w[600];
+    size_t len = 0;
+    for (int i = 0; i < nd; i++) {
+        const srv_tp *f = srv_tp_get(m, "device", i);
+        if (!f->scalar || !*f->scalar)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': device must be a device name such as \"cpu\", "
+                           "\"cuda:0\" or \"cuda:0,cuda:1\", got '%s'", what, c->name, f->scalar ? "" : "{...}");
+        int k = snprintf(spec + len, sizeof spec - len, "%s%s", i ? "," : "", f->scalar);
+        if (k < 0 || (size_t)k >= sizeof spec - len)
+            return srv_err(err, SRV_INVALID_ARGUMENT, "%s: model '%s': device list longer than %d characters", what,
+                           c->name, SRV_DEVICE_SPEC_MAX);
+        len += (size_t)k;
+    }
+    snprintf(w, sizeof w, "%.400s: model '%s'", what, c->name);
+    srv_code rc = srv_device_spec_check(spec, w, NULL, err);
+    if (rc != SRV_OK) return rc;
+    return (c->device = strdup(spec)) ? SRV_OK : srv_err(err, SRV_RESOURCE_EXHAUSTED, "out of memory");
+}
+
 static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, srv_error *err) {
     memset(c, 0, sizeof *c);
     const char *name = srv_tp_str(m, "name"), *base = srv_tp_str(m, "base_path"), *plat = srv_tp_str(m, "model_platform");
@@ -355,6 +388,8 @@ static srv_code cfg_one(const srv_tp *m, const char *what, srv_model_config *c, 
         c->precision = (int)prec;
         c->precision_set = 1;
     }
+    srv_code dc = cfg_device(m, what, c, err);
+    if (dc != SRV_OK) return dc;
     int nl = srv_tp_count(m, "version_labels");
     /* text format: repeated { key: 'a' value: 1 }; JSON map: "version_labels": {"a": 1, ...} */
     int total = 0;

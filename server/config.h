@@ -1,6 +1,7 @@
 /* config.h - tensord serve's command line (TF Serving's flag names) and its config files:
  * --model_config_file (TF Serving's model_config_list in protobuf text format, or the same structure as
- * JSON; tensord adds `instance_count` to a model's config, Triton's instance_group count), --batching_parameters_file and --monitoring_config_file (text format). Env MODEL_NAME and
+ * JSON; tensord adds `instance_count` to a model's config, Triton's instance_group count, and `device`, one device
+ * or a comma-separated list as --device takes it, or a repeated field / JSON array of devices), --batching_parameters_file and --monitoring_config_file (text format). Env MODEL_NAME and
  * MODEL_BASE_PATH work as in TF Serving's Docker image (used when no model flags are given).
  */
 #ifndef SRV_CONFIG_H
@@ -49,6 +50,8 @@ typedef struct srv_options {
     int64_t max_upload_bytes;          /* --max_upload_bytes: one dataset upload, 1 GiB */
     int64_t dataset_quota_bytes;       /* --dataset_quota_bytes: all datasets together, 10 GiB */
     int max_concurrent_jobs;           /* --max_concurrent_jobs: training jobs running at once on the CPU, 1 */
+    char *device;                      /* --device (else env TENSORD_DEVICE, else "auto"): where versions run, one device
+                                        * or a comma-separated list (server/device.h); a model's `device` overrides it */
 } srv_options;
 
 /* Parse `tensord serve` flags (argv[0] is "serve"). Accepts --flag=value and --flag value, booleans as

@@ -52,6 +52,7 @@ static void loader_unlink(srv_registry *r, reg_load *l) {
 static void loader_free(reg_load *l) {
     free(l->model);
     free(l->base);
+    free(l->device);
     free(l);
 }
 
@@ -61,7 +62,8 @@ static void *loader_main(void *arg) {
     srv_log(SRV_LOG_INFO, "load_start", l->model, l->version, "loading %s/%lld (timeout %g s)", l->base,
             (long long)l->version, reg_load_timeout_s(r));
     srv_version_ctx ctx = {.reg = r, .id = l->id, .session_threads = r->opts.session_threads,
-                           .instances = l->instances, .batching = r->opts.batching, .metrics = NULL, .cancel = &l->cancel,
+                           .instances = l->instances, .instances_set = l->instances_set, .device = l->device,
+                           .batching = r->opts.batching, .metrics = NULL, .cancel = &l->cancel,
                            .precision = l->precision};
     srv_version *v = NULL;
     srv_error err = {0};
@@ -70,11 +72,14 @@ static void *loader_main(void *arg) {
 
     double load_ms = 0;
     size_t wbytes = 0;
-    char path[4200] = "";
+    int ninst = 0;
+    char path[4200] = "", devs[SRV_DEVICE_SPEC_MAX + 1] = "";
     if (c == SRV_OK) { /* copied now: once published, v may be retired and freed at any time */
         load_ms = v->info.load_ms;
         wbytes = v->info.weight_bytes;
+        ninst = v->ninst;
         snprintf(path, sizeof path, "%s", v->path);
+        snprintf(devs, sizeof devs, "%s", v->devices);
     }
     /* Published (or failed) under poll_mu too, and logged before poll_mu is dropped: no reconcile step can act on
      * the outcome (retire what it replaces, load the next version) before its log line is out. */
@@ -114,8 +119,8 @@ static void *loader_main(void *arg) {
     pthread_mutex_unlock(&r->mu);
     if (kept && c == SRV_OK)
         srv_log(SRV_LOG_INFO, "load", l->model, l->version,
-                "loaded in %.1f ms, %zu weight bytes, %d execution instance%s, from %s", load_ms, wbytes, l->instances,
-                l->instances == 1 ? "" : "s", path);
+                "loaded in %.1f ms, %zu weight bytes, %d execution instance%s on %s, from %s", load_ms, wbytes, ninst,
+                ninst == 1 ? "" : "s", devs, path);
     else if (kept)
         srv_log(SRV_LOG_ERROR, "load_failed", l->model, l->version, "%s (after %.2f s)",
                 loader_reason(err.msg, l->model, l->version), secs);
@@ -148,16 +153,18 @@ int reg_load_start(srv_registry *r, reg_model *m, reg_ver *e, const srv_bundle_s
     if (l) {
         l->model = strdup(m->cfg.name);
         l->base = strdup(m->cfg.base_path);
+        l->device = strdup(m->cfg.device ? m->cfg.device : r->opts.device);
     }
     const char *fail = NULL;
     if (r->closing) fail = "the registry is shutting down";
-    else if (!l || !l->model || !l->base) fail = "out of memory starting the load";
+    else if (!l || !l->model || !l->base || !l->device) fail = "out of memory starting the load";
     if (!fail) {
         l->r = r;
         l->gen = m->gen;
         l->version = e->version;
         l->instances = srv_instances_resolve(m->cfg.instance_count, r->opts.instances_per_version,
                                              r->opts.session_threads);
+        l->instances_set = m->cfg.instance_count > 0 || r->opts.instances_per_version > 0;
         l->precision = m->cfg.precision_set ? m->cfg.precision : -1;
         l->id = ++r->next_id;
         if (stamp) l->stamp = *stamp;

@@ -66,7 +66,7 @@ typedef struct srv_family {
 
 enum {
     SRV_F_REQ_COUNT, SRV_F_REQ_LAT, SRV_F_QUEUE, SRV_F_BATCH, SRV_F_PADDED, SRV_F_LOAD, SRV_F_SWAP,
-    SRV_F_WEIGHTS, SRV_F_STATE, SRV_F_INSTANCES, SRV_F_INSTANCE_BYTES, SRV_F_COUNT
+    SRV_F_WEIGHTS, SRV_F_STATE, SRV_F_INSTANCES, SRV_F_INSTANCE_BYTES, SRV_F_DEVICE_BYTES, SRV_F_COUNT
 };
 
 /* Triton's inference_stats entries, in its order. */
@@ -195,6 +195,10 @@ srv_metrics *srv_metrics_new(void) {
                                   "weights plus the largest activation arena of a plan it has run. Not counted: "
                                   "kernels' packed weight copies, other cached plans' arenas, per-run scratch.",
                                   SRV_M_GAUGE},
+        [SRV_F_DEVICE_BYTES] = {"tensord_device_memory_bytes",
+                                "Device memory held by a version's execution instances on one device (CUDA, sim): "
+                                "the device arena and uploaded constants of every plan they keep compiled.",
+                                SRV_M_GAUGE},
     };
     memcpy(m->f, init, sizeof init);
     return m;
@@ -590,6 +594,45 @@ void srv_metrics_instance_bytes(srv_metrics *m, const char *model, int64_t versi
     pthread_mutex_lock(&m->mu);
     srv_series *s = srv_instance_series(m, model, version, idx, lb);
     if (s && (double)bytes > s->value) s->value = (double)bytes;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_device_memory(srv_metrics *m, const char *model, int64_t version, int n, const char *const *names,
+                               const size_t *bytes) {
+    if (!m) return;
+    char base[SRV_LABELS_MAX], lb[SRV_LABELS_MAX];
+    size_t k0 = srv_base_labels(base, model, version);
+    const char *mn = model ? model : "";
+    pthread_mutex_lock(&m->mu);
+    srv_family *f = &m->f[SRV_F_DEVICE_BYTES];
+    int w = 0;
+    for (int j = 0; j < f->n; j++) { /* this version's devices not listed now */
+        srv_series *s = &f->s[j];
+        int keep = s->version != version || strcmp(s->model, mn) != 0;
+        for (int i = 0; !keep && i < n; i++) {
+            size_t k = k0;
+            memcpy(lb, base, k0 + 1);
+            srv_label(lb, &k, "device", names[i]);
+            keep = strcmp(s->k.key, lb) == 0;
+        }
+        if (keep) {
+            f->s[w++] = *s;
+        } else {
+            f->nother -= !s->reserved;
+            srv_series_free(s);
+        }
+    }
+    if (w != f->n) {
+        f->n = w;
+        srv_family_reindex(f);
+    }
+    for (int i = 0; i < n; i++) {
+        size_t k = k0;
+        memcpy(lb, base, k0 + 1);
+        srv_label(lb, &k, "device", names[i]);
+        srv_series *s = srv_series_get(m, SRV_F_DEVICE_BYTES, lb, model, version, srv_reserved(m, base, version));
+        if (s) s->value = (double)bytes[i];
+    }
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -18,6 +18,10 @@
  *   tensord_model_instances{model,version}                           gauge (execution instances)
  *   tensord_model_instance_bytes{model,version,instance}             gauge (weights + largest plan arena of one
  *                                                                            instance; removed with the version)
+ *   tensord_device_memory_bytes{model,version,device}               gauge (device memory a version's instances on
+ *                                                                            that device hold: every cached plan's
+ *                                                                            device arena and constants; devices
+ *                                                                            only, not "cpu"; removed with the version)
  *   tensord_inference_stats_count{model,version,stat}                counter  } Triton's inference_stats, stat =
  *   tensord_inference_stats_ns{model,version,stat}                   counter  } success|fail|queue|compute_input|
  *                                                                               compute_infer|compute_output
@@ -87,6 +91,10 @@ void srv_metrics_instances(srv_metrics *m, const char *model, int64_t version, i
 /* Instance idx of a version now holds bytes (it grew: a larger plan ran). The gauge keeps the largest value
  * recorded, so late or reordered updates never lower it. */
 void srv_metrics_instance_bytes(srv_metrics *m, const char *model, int64_t version, int idx, size_t bytes);
+/* Device memory a version holds on each of its n devices (names[i], e.g. "cuda:0", bytes[i]): sets the gauges;
+ * this version's series of other devices (an earlier object of the same version number) are dropped. */
+void srv_metrics_device_memory(srv_metrics *m, const char *model, int64_t version, int n, const char *const *names,
+                               const size_t *bytes);
 /* The registry's state of a version (TF Serving numbering); 10..40 make the version live (see above). */
 void srv_metrics_state(srv_metrics *m, const char *model, int64_t version, int state);
 /* The version ended: drop its request, latency, queue, batch, weights and state series and its statistics;

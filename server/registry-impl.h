@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 
 #include "bundle.h"
+#include "device.h"
 #include "log.h"
 #include "metrics.h"
 #include "registry.h"
@@ -67,6 +68,8 @@ typedef struct reg_load {
     uint64_t gen;             /* the model's identity when it started */
     int64_t version;
     int instances;            /* execution instances for the version (srv_instances_resolve) */
+    int instances_set;        /* 1: the model's instance_count or --instances_per_version set it */
+    char *device;             /* the model's device spec, else the server's (server/device.h) */
     int precision;            /* the model config's precision, -1: the version's signature decides */
     uint64_t id;              /* the version object's id */
     srv_bundle_stamp stamp;   /* of the version directory when the load started */
@@ -92,6 +95,7 @@ typedef struct reg_notes {
 
 struct srv_registry {
     srv_registry_opts opts;
+    char device[SRV_DEVICE_SPEC_MAX + 1]; /* opts.device points here */
     srv_batch_opts batch;
     pthread_mutex_t mu, poll_mu, thr_mu;
     pthread_cond_t live_cv, thr_cv, load_cv;

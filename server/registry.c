@@ -54,6 +54,7 @@ void srv_model_config_free(srv_model_config *c) {
     free(c->route_weights);
     free(c->sticky_header);
     free(c->shadow);
+    free(c->device);
     memset(c, 0, sizeof *c);
 }
 
@@ -102,6 +103,7 @@ int srv_model_config_copy(srv_model_config *d, const srv_model_config *s) {
     }
     if (ok && s->sticky_header) ok = (d->sticky_header = strdup(s->sticky_header)) != NULL;
     if (ok && s->shadow) ok = (d->shadow = strdup(s->shadow)) != NULL;
+    if (ok && s->device) ok = (d->device = strdup(s->device)) != NULL;
     if (!ok) srv_model_config_free(d);
     return ok ? 0 : -1;
 }
@@ -218,6 +220,8 @@ srv_registry *srv_registry_new(const srv_registry_opts *o) {
     srv_registry *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     if (o) r->opts = *o;
+    snprintf(r->device, sizeof r->device, "%s", r->opts.device && *r->opts.device ? r->opts.device : "auto");
+    r->opts.device = r->device;
     if (r->opts.batching) {
         r->batch = *r->opts.batching;
         r->opts.batching = &r->batch;
@@ -392,6 +396,12 @@ static srv_code validate_config(const srv_model_config *cfgs, int n, srv_error *
         if (c->instance_count < 0 || c->instance_count > SRV_MAX_INSTANCES)
             return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': instance_count must be 1..%d, got %d", c->name,
                            SRV_MAX_INSTANCES, c->instance_count);
+        if (c->device) {
+            char w[300];
+            snprintf(w, sizeof w, "model '%s'", c->name);
+            srv_code dc = srv_device_spec_check(c->device, w, NULL, err);
+            if (dc != SRV_OK) return dc;
+        }
         if (c->policy == SRV_POLICY_SPECIFIC && (c->nversions <= 0 || !c->versions))
             return srv_err(err, SRV_INVALID_ARGUMENT, "model '%s': specific version policy lists no versions", c->name);
         for (int k = 0; c->policy == SRV_POLICY_SPECIFIC && k < c->nversions; k++)

@@ -54,6 +54,8 @@ typedef struct srv_model_config {
     int precision_set;       /* 1: `precision` was given; 0: each version's signature.json decides (fp32 default) */
     int instance_count;      /* execution instances per version (tensord's `instance_count`, Triton's
                               * instance_group count), 1..SRV_MAX_INSTANCES; 0: the server's default */
+    char *device;            /* tensord's `device`: where its versions run, one device or a comma-separated list
+                              * (server/device.h); NULL: the server's --device */
     /* Traffic (tensord's `traffic { ... }`): requests that name neither a version nor a label go to one of these
      * configured labels with probability weight / sum; sticky_header (may be NULL): requests with that header (gRPC
      * metadata) of the same value always go to the same label while the weights stay; shadow (may be NULL): a
@@ -124,6 +126,9 @@ int srv_version_predict_async(srv_version *v, const srv_tensors *in, srv_tensors
 int srv_version_quick(srv_version *v, const srv_tensors *in, int64_t budget_us);
 /* Execution instances of the version (runs of it that can proceed at once; Triton's instance_group count). */
 int srv_version_instances(const srv_version *v);
+/* Where instance i (0..srv_version_instances-1) runs: its resolved device name ("cpu", "cuda:0", "sim:1"); *gpu
+ * (may be NULL) gets the device index, -1 for the CPU. */
+const char *srv_version_instance_device(const srv_version *v, int i, int *gpu);
 
 typedef struct srv_metrics srv_metrics;
 
@@ -137,6 +142,8 @@ typedef struct srv_registry_opts {
     double load_timeout_s;       /* --model_load_timeout_seconds: a longer load fails that version only; <= 0: 600 */
     int explicit_control;        /* --model_control_mode=explicit: no poller; models load/unload on request
                                   * (srv_registry_load_model / srv_registry_unload_model) */
+    const char *device;          /* --device: where versions of models without a `device` run (server/device.h);
+                                  * copied; NULL: "auto" */
 } srv_registry_opts;
 
 typedef struct srv_registry srv_registry;

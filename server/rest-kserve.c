@@ -230,6 +230,25 @@ static void srv_kserve_cfg_io(srv_buf *b, const srv_io *io, int n, int batched, 
     }
 }
 
+/* Triton's instance_group list: one group per device the version's instances run on, in instance order: the CPU
+ * as KIND_CPU, a device as KIND_GPU with gpus: [its index]; count is the instances on it (Triton's count per GPU). */
+static void srv_kserve_cfg_groups(srv_buf *b, const char *model, const srv_version *v) {
+    int n = srv_version_instances(v), ng = 0;
+    for (int i = 0; i < n; i++) {
+        int gpu, count = 0, seen = 0;
+        const char *dev = srv_version_instance_device(v, i, &gpu);
+        for (int j = 0; j < i && !seen; j++) seen = strcmp(srv_version_instance_device(v, j, NULL), dev) == 0;
+        if (seen) continue;
+        for (int j = i; j < n; j++) count += strcmp(srv_version_instance_device(v, j, NULL), dev) == 0;
+        char ig[300];
+        snprintf(ig, sizeof ig, "%s_%d", model, ng);
+        srv_buf_puts(b, ng++ ? ",{\"name\":" : "{\"name\":");
+        srv_buf_json_str(b, ig);
+        if (gpu < 0) srv_buf_printf(b, ",\"kind\":\"KIND_CPU\",\"count\":%d,\"gpus\":[]}", count);
+        else srv_buf_printf(b, ",\"kind\":\"KIND_GPU\",\"count\":%d,\"gpus\":[%d]}", count, gpu);
+    }
+}
+
 /* GET /v2/models/{m}[/versions/{v}]/config: the served version's configuration as Triton's JSON. */
 static void srv_kserve_config(const srv_rest_req *q, const char *model, int64_t version, srv_reply *o) {
     srv_error err = {0};
@@ -254,13 +273,9 @@ static void srv_kserve_config(const srv_rest_req *q, const char *model, int64_t 
     if (bo)
         srv_buf_printf(&b, ",\"dynamic_batching\":{\"max_queue_delay_microseconds\":%lld,\"preserve_ordering\":false}",
                        (long long)bo->batch_timeout_micros);
-    srv_buf_puts(&b, ",\"instance_group\":[{\"name\":");
-    char ig[300];
-    snprintf(ig, sizeof ig, "%s_0", model);
-    srv_buf_json_str(&b, ig);
-    srv_buf_printf(&b, ",\"kind\":\"KIND_CPU\",\"count\":%d,\"gpus\":[]}],\"default_model_filename\":\"model.onnx\","
-                       "\"parameters\":{}}",
-                   srv_version_instances(v));
+    srv_buf_puts(&b, ",\"instance_group\":[");
+    srv_kserve_cfg_groups(&b, model, v);
+    srv_buf_puts(&b, "],\"default_model_filename\":\"model.onnx\",\"parameters\":{}}");
     srv_version_release(v);
     srv_reply_buf(o, 200, &b);
 }

@@ -87,7 +87,8 @@ int srv_cmd_serve(int argc, char **argv) {
                             .allow_labels_for_unavailable = o.allow_version_labels_for_unavailable_models,
                             .metrics = metrics,
                             .load_timeout_s = o.model_load_timeout_s,
-                            .explicit_control = o.model_control_mode && strcmp(o.model_control_mode, "explicit") == 0};
+                            .explicit_control = o.model_control_mode && strcmp(o.model_control_mode, "explicit") == 0,
+                            .device = o.device};
     srv_registry *reg = srv_registry_new(&ro);
     if (!reg || !metrics || serve_apply_config(&o, reg) != 0) {
         srv_registry_free(&reg);

@@ -15,6 +15,11 @@
  *  - Warm-up records (<version>/assets.extra/warmup.jsonl, TF Serving's PredictRequest JSON lines, at most
  *    1000) all run, each on every instance in turn, before the version is returned (so load time grows with the
  *    instance count); one failure fails the load.
+ *  - Devices (server/device.h): instance i runs on the spec's device i % n, with its own session (so its own
+ *    plans, device buffers and stream). On a device, each instance compiles a one-row plan at load (the device
+ *    probe), so running out of device memory fails the load, naming the device; device memory held (the weights
+ *    once per instance, each cached plan's activations: eng_session_device_bytes) is reported per device
+ *    (tensord_device_memory_bytes).
  */
 #define _GNU_SOURCE
 #include "version.h"
@@ -31,6 +36,7 @@
 #include "../engine/bundle.h"
 #include "../engine/ir/onnx.h"
 #include "codec.h"
+#include "log.h"
 
 #define WARMUP_MAX_RECORDS 1000 /* TF Serving's limit */
 #define WARMUP_MAX_LINE ((size_t)64 << 20)
@@ -39,8 +45,11 @@
 void srv_version_destroy(srv_version *v) {
     srv_registry *r = v->reg;
     srv_batcher_free(&v->batcher); /* first: its threads run on the instances */
-    for (int i = 0; i < v->ninst; i++) eng_session_free(&v->inst[i].sess);
+    for (int i = 0; v->inst && i < v->ninst_alloc; i++) {
+        eng_session_free(&v->inst[i].sess);
+    }
     free(v->inst);
+    pthread_mutex_destroy(&v->dev_mu);
     pthread_cond_destroy(&v->inst_cv);
     pthread_mutex_destroy(&v->inst_mu);
     srv_bundle_sig_free(&v->sig);
@@ -61,6 +70,15 @@ const srv_version_info *srv_version_get_info(const srv_version *v) { return v ? 
 
 int srv_version_instances(const srv_version *v) { return v ? v->ninst : 0; }
 
+const char *srv_version_instance_device(const srv_version *v, int i, int *gpu) {
+    if (!v || i < 0 || i >= v->ninst) {
+        if (gpu) *gpu = -1;
+        return "";
+    }
+    if (gpu) *gpu = v->inst[i].dev.host ? -1 : v->inst[i].dev.index;
+    return v->inst[i].dev.name;
+}
+
 int srv_instances_resolve(int model_count, int server_count, int session_threads) {
     int n = model_count > 0 ? model_count : server_count;
     if (n <= 0) {
@@ -72,12 +90,38 @@ int srv_instances_resolve(int model_count, int server_count, int session_threads
     return n < 1 ? 1 : n > SRV_MAX_INSTANCES ? SRV_MAX_INSTANCES : n;
 }
 
+/* Records device memory per (non-host) device of v's instances: the sum of their dev_bytes. */
+static void version_metrics_devices(srv_version *v) {
+    if (!v->metrics) return;
+    const char *names[SRV_MAX_INSTANCES];
+    size_t bytes[SRV_MAX_INSTANCES];
+    int n = 0;
+    pthread_mutex_lock(&v->dev_mu); /* two instances of one device: the last sum recorded is the latest */
+    for (int i = 0; i < v->ninst; i++) {
+        if (v->inst[i].dev.host) continue;
+        int k = 0;
+        while (k < n && strcmp(names[k], v->inst[i].dev.name) != 0) k++;
+        if (k == n) names[n] = v->inst[i].dev.name, bytes[n++] = 0;
+        bytes[k] += atomic_load_explicit(&v->inst[i].dev_bytes, memory_order_relaxed);
+    }
+    srv_metrics_device_memory(v->metrics, v->model, v->version, n, names, bytes);
+    pthread_mutex_unlock(&v->dev_mu);
+}
+
 void srv_version_metrics_instances(srv_version *v) {
     if (!v->metrics) return;
     size_t bytes[SRV_MAX_INSTANCES];
     for (int i = 0; i < v->ninst; i++)
         bytes[i] = v->inst[i].weight_bytes + atomic_load_explicit(&v->inst[i].arena_bytes, memory_order_relaxed);
     srv_metrics_instances(v->metrics, v->model, v->version, v->ninst, bytes);
+    version_metrics_devices(v);
+}
+
+/* After a successful run on device instance `in` (held): the session's device memory now; 1 when it changed. */
+static int version_device_note(srv_instance *in) {
+    if (in->dev.host) return 0;
+    size_t sum = eng_session_device_bytes(in->sess);
+    return atomic_exchange_explicit(&in->dev_bytes, sum, memory_order_relaxed) != sum;
 }
 
 #define VERR(code, ...) verr(err, code, v, __VA_ARGS__)
@@ -169,8 +213,8 @@ static void version_give(srv_version *v, int idx) {
     pthread_mutex_unlock(&v->inst_mu);
 }
 
-/* After a successful run on instance idx (held): fold the run time into row_ns (exponential average, 1/8) and
- * the plan's arena into the instance's largest. */
+/* After a successful run on instance idx (held): fold the run time into row_ns (exponential average, 1/8), the
+ * plan's arena into the instance's largest, and (devices) note the session's device memory. */
 static void version_note_run(srv_version *v, int idx, int64_t run_us, int64_t rows) {
     int64_t ns = run_us * 1000 / rows, old = atomic_load_explicit(&v->row_ns, memory_order_relaxed), upd;
     do upd = old ? old + (ns - old) / 8 : (ns > 0 ? ns : 1);
@@ -182,6 +226,7 @@ static void version_note_run(srv_version *v, int idx, int64_t run_us, int64_t ro
         atomic_store_explicit(&in->arena_bytes, st.arena_bytes, memory_order_relaxed); /* only its holder writes */
         if (v->metrics) srv_metrics_instance_bytes(v->metrics, v->model, v->version, idx, in->weight_bytes + st.arena_bytes);
     }
+    if (version_device_note(in)) version_metrics_devices(v);
 }
 
 /* Runs the inputs named by client names (any order) on a free instance; out gets the signature's outputs as
@@ -215,7 +260,9 @@ static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensor
         if (st == ENG_STATUS_OK) version_note_run(v, idx, srv_now_us() - t0, rows);
         else {
             char pre[512];
-            snprintf(pre, sizeof pre, "model '%s' version %lld: inference failed", v->model, (long long)v->version);
+            const srv_device *d = &v->inst[idx].dev;
+            snprintf(pre, sizeof pre, "model '%s' version %lld: inference failed%s%s", v->model, (long long)v->version,
+                     d->host ? "" : " on device ", d->host ? "" : d->name);
             c = srv_err_from_eng(err, st, pre);
         }
         for (int i = 0; i < v->sig.noutputs && c == SRV_OK; i++)
@@ -461,7 +508,8 @@ static size_t graph_weight_bytes(const eng_graph *g) {
 
 /* Builds ninst sessions: instance 0 from g0, the others from deep copies of g0 made before any session rewrites
  * it (eng_session_new_graph takes its graph and fuses it in place), so no two instances share a graph, a plan
- * or a buffer. Takes g0 (freed on error too). v->ninst counts the sessions built. */
+ * or a buffer; each on its device (v->inst[i].dev). Takes g0 (freed on error too). v->ninst counts the sessions
+ * built. */
 static srv_code version_instances_new(const srv_version_ctx *ctx, srv_version *v, eng_graph *g0,
                                       const eng_session_opts *so, int ninst, const char *onnx, srv_error *err) {
     eng_graph **gs = calloc((size_t)ninst, sizeof *gs);
@@ -474,12 +522,18 @@ static srv_code version_instances_new(const srv_version_ctx *ctx, srv_version *v
     if (gs) gs[0] = g0;
     else eng_graph_free(&g0);
     for (int i = 0; i < ninst && c == SRV_OK; i++) {
-        eng_status st = eng_session_new_graph(gs[i], so, &v->inst[i].sess);
+        eng_session_opts sio = *so;
+        sio.backend = v->inst[i].dev.backend;
+        sio.device = v->inst[i].dev.index;
+        eng_status st = eng_session_new_graph(gs[i], &sio, &v->inst[i].sess);
         gs[i] = NULL; /* taken, freed on error too */
         if (st != ENG_STATUS_OK) {
-            char pre[4400];
-            if (ninst > 1) snprintf(pre, sizeof pre, "model '%s' version %lld: loading %s (execution instance %d of %d)",
-                                    v->model, (long long)v->version, onnx, i, ninst);
+            char pre[4400], on[64] = "";
+            if (!v->inst[i].dev.host) snprintf(on, sizeof on, " on %s", v->inst[i].dev.name);
+            if (ninst > 1) snprintf(pre, sizeof pre, "model '%s' version %lld: loading %s (execution instance %d of %d%s)",
+                                    v->model, (long long)v->version, onnx, i, ninst, on);
+            else if (on[0]) snprintf(pre, sizeof pre, "model '%s' version %lld: loading %s (%s)", v->model,
+                                     (long long)v->version, onnx, on + 1);
             else snprintf(pre, sizeof pre, "model '%s' version %lld: loading %s", v->model, (long long)v->version, onnx);
             c = srv_err_from_eng(err, st, pre);
             break;
@@ -489,6 +543,77 @@ static srv_code version_instances_new(const srv_version_ctx *ctx, srv_version *v
     }
     for (int i = 0; gs && i < ninst; i++) eng_graph_free(&gs[i]);
     free(gs);
+    return c;
+}
+
+/* Instance i on devs[i % ndev]; v->devices lists the distinct ones. */
+static srv_code version_devices_set(srv_version *v, const srv_device *devs, int ndev, srv_error *err) {
+    size_t len = 0;
+    for (int i = 0; i < v->ninst_alloc; i++) {
+        const srv_device *d = &devs[i % ndev];
+        v->inst[i].dev = *d;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = strcmp(v->inst[j].dev.name, d->name) == 0;
+        if (!seen && len < sizeof v->devices) {
+            int k = snprintf(v->devices + len, sizeof v->devices - len, "%s%s", len ? "," : "", d->name);
+            len += k > 0 ? (size_t)k : 0;
+        }
+    }
+    return SRV_OK;
+}
+
+
+/* Device instances compile one plan now, for a one-row batch of zeros (dims unknown past the batch dimension: no
+ * probe, the first request plans): a version whose weights and activations do not fit the device fails its load
+ * here, RESOURCE_EXHAUSTED naming the device. Any other failure of this made-up input is logged, not fatal. */
+static srv_code version_device_probe(const srv_version_ctx *ctx, srv_version *v, srv_error *err) {
+    int nin = v->sig.ninputs, any = 0;
+    for (int i = 0; i < v->ninst; i++) any |= !v->inst[i].dev.host;
+    if (!any) return SRV_OK;
+    for (int i = 0; i < nin; i++) {
+        const srv_io *io = &v->sig.inputs[i];
+        if (io->ndim < 0 || eng_dtype_size(io->dtype) == 0) return SRV_OK;
+        for (int d = 1; d < io->ndim; d++)
+            if (io->dims[d] < 0) return SRV_OK;
+    }
+    const char **names = calloc((size_t)nin + 1, sizeof *names);
+    eng_tensor *feeds = calloc((size_t)nin + 1, sizeof *feeds);
+    eng_tensor *outs = calloc((size_t)eng_session_graph(v->inst[0].sess)->noutputs + 1, sizeof *outs);
+    srv_code c = names && feeds && outs ? SRV_OK : VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < nin && c == SRV_OK; i++) {
+        const srv_io *io = &v->sig.inputs[i];
+        names[i] = io->onnx_name;
+        feeds[i].dtype = io->dtype;
+        feeds[i].ndim = io->ndim;
+        for (int d = 0; d < io->ndim; d++) feeds[i].dims[d] = io->dims[d] < 0 ? 1 : io->dims[d];
+        size_t nb = eng_tensor_nbytes(&feeds[i]);
+        if (!(feeds[i].data = calloc(1, nb ? nb : 1))) c = VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (int i = 0; i < v->ninst && c == SRV_OK; i++) {
+        srv_instance *in = &v->inst[i];
+        if (in->dev.host) continue;
+        if (version_cancelled(ctx)) {
+            c = VERR(SRV_CANCELLED, "load cancelled (compiling for %s)", in->dev.name);
+            break;
+        }
+        eng_status st = eng_session_run(in->sess, nin, names, feeds, outs);
+        if (st == ENG_STATUS_OK) {
+            version_device_note(in);
+        } else if (st == ENG_STATUS_OUT_OF_MEMORY) {
+            char pre[600];
+            snprintf(pre, sizeof pre, "model '%s' version %lld: does not fit device %s (execution instance %d of %d)",
+                     v->model, (long long)v->version, in->dev.name, i, v->ninst);
+            c = srv_err_from_eng(err, st, pre);
+        } else {
+            srv_log(SRV_LOG_WARN, "device_probe", v->model, v->version,
+                    "compiling a one-row plan on %s (execution instance %d) failed; the first request plans instead: %s",
+                    in->dev.name, i, eng_last_error());
+        }
+    }
+    for (int i = 0; feeds && i < nin; i++) free(feeds[i].data);
+    free(names);
+    free(feeds);
+    free(outs);
     return c;
 }
 
@@ -504,6 +629,7 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
                            (long long)version);
     }
     pthread_mutex_init(&v->inst_mu, NULL);
+    pthread_mutex_init(&v->dev_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -524,12 +650,21 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
         goto fail;
     }
     eng_bundle_path(v->path, plen, base, version, NULL); /* fits: plen covers any int64 */
+    srv_device devs[SRV_DEVICE_MAX];
+    int ndev = 0;
+    if ((c = srv_device_resolve(ctx->device, devs, &ndev, err)) != SRV_OK) {
+        c = VERR(c, "%s", err->msg);
+        goto fail;
+    }
     if ((c = srv_bundle_sig_read(model, version, v->path, &v->sig, err)) != SRV_OK) goto fail;
     int ninst = ctx->instances < 1 ? 1 : ctx->instances > SRV_MAX_INSTANCES ? SRV_MAX_INSTANCES : ctx->instances;
+    ninst = srv_device_instances(ctx->instances_set ? ninst : 0, ninst, devs, ndev);
     if (!(v->inst = calloc((size_t)ninst, sizeof *v->inst))) {
         c = VERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
     }
+    v->ninst_alloc = ninst;
+    if ((c = version_devices_set(v, devs, ndev, err)) != SRV_OK) goto fail;
     if (version_cancelled(ctx)) {
         c = VERR(SRV_CANCELLED, "load cancelled");
         goto fail;
@@ -567,6 +702,7 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
     }
     const eng_graph *g = eng_session_graph(v->inst[0].sess);
     if ((c = srv_bundle_sig_resolve(model, version, v->path, g, &v->sig, err)) != SRV_OK) goto fail;
+    if ((c = version_device_probe(ctx, v, err)) != SRV_OK) goto fail;
     size_t wb = v->inst[0].weight_bytes;
     v->info = (srv_version_info){
         .model = v->model, .version = version, .path = v->path,

@@ -12,6 +12,7 @@
 
 #include "../engine/plan/session.h"
 #include "bundle.h"
+#include "device.h"
 #include "metrics.h"
 #include "registry.h"
 
@@ -21,6 +22,10 @@ typedef struct srv_instance {
     int busy;                   /* under the version's inst_mu */
     size_t weight_bytes;        /* initializers of this instance's (fused) graph */
     _Atomic size_t arena_bytes; /* largest activation arena of a plan it ran (eng_session_last_stats) */
+    srv_device dev;             /* where it runs (instance i: the spec's device i % n) */
+    /* Device memory (non-host devices) the session holds, as of its last run (eng_session_device_bytes: the weights
+     * once, plus each cached plan's activations). Written by the instance's holder; read by metrics. */
+    _Atomic size_t dev_bytes;
 } srv_instance;
 
 struct srv_version {
@@ -34,7 +39,8 @@ struct srv_version {
      * parsed graph, so they share no mutable state. A run takes a free one (inst_mu, inst_cv) and holds it until
      * its outputs are copied out (session outputs are views). */
     srv_instance *inst;
-    int ninst;
+    int ninst;               /* sessions built (all of them once loaded) */
+    int ninst_alloc;         /* entries of inst */
     pthread_mutex_t inst_mu;
     pthread_cond_t inst_cv;  /* CLOCK_MONOTONIC (srv_now_us's clock): an instance was freed */
     int pin;                 /* under inst_mu: >= 0 while warming up instance `pin` alone; -1 otherwise */
@@ -43,6 +49,8 @@ struct srv_version {
     srv_batcher *batcher;
     srv_metrics *metrics;
     srv_registry *reg;       /* told when this object is destroyed */
+    char devices[SRV_DEVICE_SPEC_MAX + 1]; /* the distinct devices of its instances, comma-separated ("cpu", ...) */
+    pthread_mutex_t dev_mu;  /* orders device-memory gauge updates (srv_version_metrics_devices) */
 };
 
 typedef struct srv_version_ctx {
@@ -50,14 +58,20 @@ typedef struct srv_version_ctx {
     uint64_t id;                 /* unique per object, chosen by the registry */
     int session_threads;
     int instances;               /* execution instances, 1..SRV_MAX_INSTANCES (srv_instances_resolve) */
+    int instances_set;           /* 1: instances came from the model's instance_count or the server's flag; 0: the
+                                  * default, which a device list replaces with one per device (srv_device_instances) */
+    const char *device;          /* device spec (server/device.h); NULL: "auto" */
     const srv_batch_opts *batching; /* NULL: off; must outlive the version */
     srv_metrics *metrics;        /* may be NULL */
     const atomic_int *cancel;    /* may be NULL; once non-zero the load stops at its next step (CANCELLED) */
     int precision;               /* eng_precision the model config sets; -1: the version's signature.json decides */
 } srv_version_ctx;
 
-/* Reads the signature, parses model.onnx once and builds ctx->instances sessions from copies of the graph,
- * starts the batcher, replays the warm-up file on every instance. No lock is held. Every file is opened through srv_bundle_open (never blocks; stays in the version directory). Checks
+/* Resolves the device spec (a device that is not available fails the load: UNAVAILABLE with the reason), reads the
+ * signature, parses model.onnx once and builds the instances' sessions from copies of the graph, each on its device;
+ * on a device, compiles one plan per instance (a one-row batch of zeros) so that a version that does not fit the
+ * device's memory fails here (RESOURCE_EXHAUSTED naming the device), not at its first request; starts the batcher,
+ * replays the warm-up file on every instance. No lock is held. Every file is opened through srv_bundle_open (never blocks; stays in the version directory). Checks
  * ctx->cancel between steps and between warm-up records. On success *out has one reference; on failure the half-built object was destroyed (so the registry
  * was told through srv_registry_version_ended). Errors name model, version and file. */
 srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const char *base, int64_t version,
@@ -66,7 +80,8 @@ srv_code srv_version_load(const srv_version_ctx *ctx, const char *model, const c
  * --instances_per_version when > 0, else max(1, usable cores (sched_getaffinity) / session_threads), where
  * session_threads <= 0 means all cores (so 1 instance); capped at SRV_MAX_INSTANCES. */
 int srv_instances_resolve(int model_count, int server_count, int session_threads);
-/* Records v's instance gauges (count, bytes per instance) in v->metrics; no-op when NULL. Thread-safe. */
+/* Records v's instance gauges (count, bytes per instance) and device memory per device in v->metrics; no-op when
+ * NULL. Thread-safe. */
 void srv_version_metrics_instances(srv_version *v);
 /* Frees v (its last reference is gone), then calls srv_registry_version_ended. */
 void srv_version_destroy(srv_version *v);

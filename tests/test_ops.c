@@ -20,8 +20,8 @@
  * A plan that did is held to the precision's default (ops_default_nmse) unless ops_tols names one of the
  * graph's ops at that precision (each entry says why). Another backend's fp32 is held to OPS_NMSE_FP32.
  *
- * Skips, never failures, each reason printed once: a backend absent from this build (CUDA, until kernels/cuda
- * has a backend table: it then goes in ops_backends and this test covers it unchanged), a precision the backend
+ * Skips, never failures, each reason printed once: a backend absent here (CUDA without its plugin, a driver or a
+ * device: the reason is printed), a precision the backend
  * refuses here (eng_plan_precision_check: fp16 on the CPU, bf16 without AVX512_BF16, int8 on a model with no
  * quantized op), absent test data. A precision the check accepts and a run then refuses is a failure: a server
  * would accept that model at that precision and fail its requests. Asserted: no failure, and on every backend
@@ -41,6 +41,7 @@
 #include "engine/ir/graph.h"
 #include "engine/ir/onnx-testdata.h"
 #include "engine/plan/session.h"
+#include "kernels/backend-impl.h"
 
 #define OPS_NMSE_EXACT 1e-12 /* a plan with no reduced-precision step: the reference's own kernels */
 #define OPS_NMSE_FP32 1e-9   /* another backend at fp32: summation order differs, nothing else */
@@ -90,14 +91,19 @@ typedef struct ops_backend {
 } ops_backend;
 
 static const krn_backend *ops_cpu(const char **why) { return krn_backend_cpu(); }
-/* Once kernels/cuda has a backend table: return it where this build has it and a device is present, else NULL
- * with the reason ("no CUDA device visible", ...); the rest of this test needs no change. */
+/* The CUDA plugin where this build has it and a device is there, else NULL with the reason (no plugin, no driver,
+ * no device). */
 static const krn_backend *ops_cuda(const char **why) {
-    *why = "no CUDA backend in this build";
-    return NULL;
+    const krn_backend *b = NULL;
+    if (krn_backend_by_name("cuda:0", &b, NULL) != ENG_STATUS_OK) *why = krn_cuda_unavailable_reason();
+    return b;
 }
+/* The host-memory test device (kernels/sim): the CPU's kernels for a subset of ops behind device buffers, so every
+ * case also runs through the planner's placement, its CPU fallback and the copies between; its fp32 must equal
+ * the reference. */
+static const krn_backend *ops_sim(const char **why) { return krn_backend_sim(); }
 
-static const ops_backend ops_backends[] = {{"cpu", ops_cpu}, {"cuda", ops_cuda}};
+static const ops_backend ops_backends[] = {{"cpu", ops_cpu}, {"sim", ops_sim}, {"cuda", ops_cuda}};
 #define OPS_NBACK ((int)(sizeof ops_backends / sizeof ops_backends[0]))
 
 /* One summary cell: a backend at a precision, over the cases of one op. */

@@ -767,7 +767,9 @@ eng_status eng_graph_fuse_act_ops(eng_graph *g) {
     return st != ENG_STATUS_OK ? st : cst;
 }
 
-eng_status eng_graph_fuse(eng_graph *g) {
+eng_status eng_graph_fuse(eng_graph *g) { return eng_graph_fuse_for(g, 1); }
+
+eng_status eng_graph_fuse_for(eng_graph *g, int cpu_layouts) {
     if (!g || g->nnodes == 0) return ENG_STATUS_OK;
     if (getenv("TENSORD_NO_FUSE")) return ENG_STATUS_OK;
     eng_status qst = eng_graph_fuse_qdq(g); /* fuse-qdq.c: before the float rules see the Convs/MatMuls */
@@ -783,14 +785,14 @@ eng_status eng_graph_fuse(eng_graph *g) {
         else if (fz_is_op(n, "MatMul") || fz_is_op(n, "Gemm")) st = fz_matmul(&z, i);
         else if (!strcmp(n->op_type, "MatMulIntegerToFloat") && !strcmp(n->domain, "com.microsoft")) st = fz_qmatmul_act(&z, i);
     }
-    if (st == ENG_STATUS_OK) st = fz_conv_dw(&z);
+    if (st == ENG_STATUS_OK && cpu_layouts) st = fz_conv_dw(&z);
     eng_status cst = fz_compact(&z); /* also after a failure: moved nodes leave dead slots behind */
     if (st == ENG_STATUS_OK) st = cst;
-    if (st == ENG_STATUS_OK) {
+    if (st == ENG_STATUS_OK && cpu_layouts) {
         memset(z.dead, 0, (size_t)g->nnodes);
         st = fz_layouts(&z);
     }
-    if (st == ENG_STATUS_OK) {
+    if (st == ENG_STATUS_OK && cpu_layouts) {
         st = fz_conv_pool(&z);
         eng_status c2 = fz_compact(&z);
         if (st == ENG_STATUS_OK) st = c2;

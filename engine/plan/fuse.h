@@ -5,6 +5,10 @@
 #define ENG_FUSE_H
 #include "../ir/graph.h"
 eng_status eng_graph_fuse(eng_graph *g);
+/* As eng_graph_fuse; cpu_layouts 0 (a session on a device backend) keeps the backend-neutral rewrites (QDQ, Conv /
+ * MatMul / Gemm + bias + activation, BatchNorm folding) and skips the CPU's: oneDNN blocked layouts, the fused
+ * depthwise stage and Conv+pool. */
+eng_status eng_graph_fuse_for(eng_graph *g, int cpu_layouts);
 /* For training graphs, which eng_graph_fuse's internal ops do not suit (they have no gradient rules): Constant
  * nodes become initializers, no-op nodes are bypassed, and an activation written as a chain of elementwise ops
  * that has an ONNX op with a gradient rule (Gelu, erf and tanh forms) becomes that op. */

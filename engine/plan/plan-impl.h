@@ -18,7 +18,12 @@ typedef struct plan_step {
     unsigned const_mask;
     krn_impl_info *impl;        /* what the kernel's init chose (kernels with describe()), NULL otherwise */
     eng_dtype compute;          /* reduced-precision plans: the dtype this step multiplies in (plan-precision.c) */
+    const krn_kernel *dev_kernel; /* plans on a device backend: that backend's kernel of this name, or NULL */
+    int on_dev;                 /* placed on the device backend (plan-place.c); else it runs on the CPU */
 } plan_step;
+
+/* A copy between the CPU and the device, run before step `step` (nsteps: after the last step). */
+typedef struct plan_xfer { int step; int root; int to_dev; } plan_xfer;
 
 typedef struct plan_split plan_split;
 
@@ -46,7 +51,42 @@ struct eng_plan {
     plan_split *split;  /* batch-parallel execution (plan-split.c); NULL when the plan runs whole */
     int lowp_steps;     /* steps computing in the plan's reduced precision */
     int lowp_values;    /* activations stored in it */
+    /* Device plans (plan-place.c): opts.backend is not a host backend. Each storage root lives on one side
+     * (loc: 0 the CPU, 1 the device); a root read on the other side gets a mirror there (mirror[root]), filled by a
+     * plan_xfer before its first reader on that side (constants: once, at plan time). */
+    const krn_backend *dev;  /* NULL: a host-only plan */
+    int device;              /* the device's index */
+    krn_ctx *ctx;            /* its execution context (stream) */
+    int *loc;                /* per value root */
+    void **mirror;           /* per value root: its copy on the other side, or NULL */
+    int *mirror_first;       /* per root: step of the xfer that fills the mirror (lifetime start) */
+    int *mirror_last;        /* per root: last step reading the mirror (nsteps + 1: to the end of the run) */
+    plan_xfer *xfers;        /* sorted by step */
+    int nxfers;
+    void *dev_arena, *host_mirror_arena;
+    size_t dev_arena_bytes, dev_const_bytes;
+    void **dev_owned;        /* device constants uploaded at plan time */
+    int ndev_owned;
+    int dev_steps;           /* steps placed on the device */
+    size_t xfer_bytes;       /* bytes copied per run */
 };
+
+/* plan-place.c. plan_place: after shape inference and folding, before precision and memory: place each kernel step
+ * on the device where its kernel there supports the call, else the CPU; find the roots each side reads and the
+ * copies between. plan_place_memory lays out the device arena and the mirrors and uploads constants;
+ * plan_place_data: the data pointer step s must use for value v; plan_place_run runs a placed static plan. */
+eng_status plan_place(eng_plan *p);
+eng_status plan_place_memory(eng_plan *p);
+void *plan_place_data(const eng_plan *p, const plan_step *s, int v);
+eng_status plan_place_run(eng_plan *p);
+void plan_place_free(eng_plan *p);
+/* Lifetime (first, last step) of each root as plan_layout sees it; first[v] = -1 for values no step touches. */
+void plan_lifetimes(const eng_plan *p, int *first, int *last);
+/* The greedy arena layout over bufs (root, size, first, last set; off filled); returns the arena's bytes. */
+typedef struct plan_buf { int root; size_t size, off; int first, last; } plan_buf;
+size_t plan_pack(plan_buf *bufs, int nb);
+size_t plan_value_size(const eng_plan *p, int v);
+const char *plan_node_label(const eng_node *n, char *buf, size_t len);
 
 /* plan-precision.c: choose each step's compute dtype and the activations stored in the reduced one (bf16 / fp16
  * plans), after shape inference and folding, before memory planning. */

@@ -69,11 +69,9 @@ eng_status eng_plan_precision_check(const eng_graph *g, const krn_backend *b, en
     if ((int)prec < 0 || prec > ENG_PRECISION_INT8)
         return eng_err(ENG_STATUS_INVALID_ARGUMENT, "precision %d is not one of fp32, bf16, fp16, int8", (int)prec);
     eng_dtype dt = precision_dtype(prec);
-    if (!b->precision_check)
-        return eng_err(ENG_STATUS_UNSUPPORTED, "precision %s: backend '%s' has no %s kernels", eng_precision_name(prec),
-                       b->name, eng_precision_name(prec));
-    eng_status st = b->precision_check(dt);
-    if (st != ENG_STATUS_OK) return eng_err_prefix(st, "precision %s on backend '%s': ", eng_precision_name(prec), b->name);
+    eng_status st = krn_backend_precision_check(b, dt);
+    if (st != ENG_STATUS_OK)
+        return eng_err_prefix(st, "precision %s on backend '%s': ", eng_precision_name(prec), krn_backend_name(b));
     if (prec == ENG_PRECISION_INT8) {
         for (int i = 0; i < g->nnodes; i++)
             if (node_is_quantized(&g->nodes[i])) return ENG_STATUS_OK;

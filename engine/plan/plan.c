@@ -42,7 +42,7 @@ static eng_status plan_own(eng_plan *p, void *buf) {
     return ENG_STATUS_OK;
 }
 
-static const char *node_label(const eng_node *n, char *buf, size_t len) {
+const char *plan_node_label(const eng_node *n, char *buf, size_t len) {
     snprintf(buf, len, "node '%s' (%s%s%s): ", n->name, n->domain[0] ? n->domain : "", n->domain[0] ? "." : "",
              n->op_type);
     return buf;
@@ -163,8 +163,6 @@ static eng_status fold_node(eng_plan *p, plan_step *s, const eng_node *n, eng_te
 
 /* ---- static memory planning ---- */
 
-typedef struct plan_buf { int root; size_t size, off; int first, last; } plan_buf;
-
 static int buf_cmp(const void *a, const void *b) {
     const plan_buf *x = a, *y = b;
     if (x->size != y->size) return x->size < y->size ? 1 : -1;
@@ -181,17 +179,15 @@ static size_t plan_value_bytes(const eng_graph *g, int v, const eng_tensor *t) {
     return eng_tensor_nbytes(t);
 }
 
-/* Lay out the arena; allocate it and point values into it when `alloc`. */
-static eng_status plan_layout(eng_plan *p, int alloc) {
+/* Arena bytes of value v, rounded up to 64. */
+size_t plan_value_size(const eng_plan *p, int v) {
+    size_t sz = (plan_value_bytes(p->g, v, &p->vals[v]) + 63) & ~(size_t)63;
+    return sz ? sz : 64;
+}
+
+void plan_lifetimes(const eng_plan *p, int *first, int *last) {
     const eng_graph *g = p->g;
-    int nv = g->nvalues;
-    int *first = malloc((size_t)nv * sizeof(int)), *last = malloc((size_t)nv * sizeof(int));
-    plan_buf *bufs = calloc((size_t)nv, sizeof *bufs);
-    if (!first || !last || !bufs) {
-        free(first); free(last); free(bufs);
-        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory planning buffers");
-    }
-    for (int v = 0; v < nv; v++) first[v] = last[v] = -1;
+    for (int v = 0; v < g->nvalues; v++) first[v] = last[v] = -1;
     for (int si = 0; si < p->nsteps; si++) {
         const eng_node *n = &g->nodes[p->steps[si].node];
         for (int i = 0; i < n->nout; i++)
@@ -207,18 +203,12 @@ static eng_status plan_layout(eng_plan *p, int alloc) {
             }
     }
     for (int i = 0; i < g->noutputs; i++) last[p->root[g->outputs[i]]] = p->nsteps;
-    int nb = 0;
-    size_t naive = 0;
-    for (int v = 0; v < nv; v++) {
-        if (p->kind[v] != VAL_ARENA || p->root[v] != v) continue;
-        size_t sz = (plan_value_bytes(g, v, &p->vals[v]) + 63) & ~(size_t)63;
-        if (sz == 0) sz = 64;
-        bufs[nb++] = (plan_buf){v, sz, 0, first[v] < 0 ? 0 : first[v], last[v] < 0 ? p->nsteps : last[v]};
-        naive += sz;
-    }
+}
+
+/* Greedy by size: lowest offset that does not collide with a placed buffer whose lifetime overlaps. */
+size_t plan_pack(plan_buf *bufs, int nb) {
     qsort(bufs, (size_t)nb, sizeof *bufs, buf_cmp);
     size_t total = 0;
-    /* Greedy by size: lowest offset that does not collide with a placed buffer whose lifetime overlaps. */
     for (int i = 0; i < nb; i++) {
         size_t off = 0;
         int moved = 1;
@@ -235,6 +225,30 @@ static eng_status plan_layout(eng_plan *p, int alloc) {
         bufs[i].off = off;
         if (off + bufs[i].size > total) total = off + bufs[i].size;
     }
+    return total;
+}
+
+/* Lay out the host arena (every ARENA root of a host plan; a device plan's roots that live on the CPU); allocate it
+ * and point values into it when `alloc`. */
+static eng_status plan_layout(eng_plan *p, int alloc) {
+    const eng_graph *g = p->g;
+    int nv = g->nvalues;
+    int *first = malloc((size_t)nv * sizeof(int) + 1), *last = malloc((size_t)nv * sizeof(int) + 1);
+    plan_buf *bufs = calloc((size_t)nv + 1, sizeof *bufs);
+    if (!first || !last || !bufs) {
+        free(first); free(last); free(bufs);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory planning buffers");
+    }
+    plan_lifetimes(p, first, last);
+    int nb = 0;
+    size_t naive = 0;
+    for (int v = 0; v < nv; v++) {
+        if (p->kind[v] != VAL_ARENA || p->root[v] != v || (p->loc && p->loc[v])) continue;
+        size_t sz = plan_value_size(p, v);
+        bufs[nb++] = (plan_buf){v, sz, 0, first[v] < 0 ? 0 : first[v], last[v] < 0 ? p->nsteps : last[v]};
+        naive += sz;
+    }
+    size_t total = plan_pack(bufs, nb);
     eng_status st = ENG_STATUS_OK;
     p->arena_bytes = total;
     p->naive_bytes = naive;
@@ -249,7 +263,8 @@ static eng_status plan_layout(eng_plan *p, int alloc) {
     if (st == ENG_STATUS_OK) {
         for (int i = 0; i < nb; i++) p->vals[bufs[i].root].data = (char *)p->arena + bufs[i].off;
         for (int v = 0; v < nv; v++)
-            if (p->kind[v] == VAL_ALIAS && p->kind[p->root[v]] != VAL_INPUT) p->vals[v].data = p->vals[p->root[v]].data;
+            if (p->kind[v] == VAL_ALIAS && p->kind[p->root[v]] != VAL_INPUT && !(p->loc && p->loc[p->root[v]]))
+                p->vals[v].data = p->vals[p->root[v]].data;
     }
     free(first); free(last); free(bufs);
     return st;
@@ -265,6 +280,7 @@ eng_status plan_arena_need(eng_plan *p, size_t *bytes) {
 
 static eng_status init_steps(eng_plan *p) {
     const eng_graph *g = p->g;
+    if (p->ctx) ENG_TRY(krn_ctx_enter(p->dev, p->ctx));
     eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];
     char lb[300];
     for (int si = 0; si < p->nsteps; si++) {
@@ -272,10 +288,13 @@ static eng_status init_steps(eng_plan *p) {
         if (!s->kernel || !s->kernel->init) continue;
         const eng_node *n = &g->nodes[s->node];
         plan_node_tensors(p, n, in, out);
+        for (int i = 0; p->loc && i < n->nin; i++)
+            if (n->inputs[i] >= 0 && in[i].dtype != ENG_DTYPE_UNDEFINED) in[i].data = plan_place_data(p, s, n->inputs[i]);
         krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
-                      .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute};
+                      .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute,
+                      .ctx = s->on_dev ? p->ctx : NULL};
         eng_status st = s->kernel->init(&c);
-        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
         s->state = c.state;
         s->inited = 1;
         step_describe(g, s, &c);
@@ -290,6 +309,10 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
     p->g = g;
     if (opts) p->opts = *opts;
     p->nthreads = p->opts.nthreads > 0 ? p->opts.nthreads : omp_get_num_procs();
+    if (p->opts.backend && !krn_backend_is_host(p->opts.backend)) {
+        p->dev = p->opts.backend;
+        p->device = p->opts.device;
+    }
     eng_status pst = eng_plan_precision_check(g, plan_backend(p), p->opts.precision);
     if (pst != ENG_STATUS_OK) {
         eng_plan_free(&p);
@@ -336,12 +359,12 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
         const eng_node *n = &g->nodes[order[oi]];
         if (n->nin > ENG_OP_MAX_IO || n->nout > ENG_OP_MAX_IO) {
             st = eng_err(ENG_STATUS_UNSUPPORTED, "%s%d inputs / %d outputs exceed the limit of %d",
-                         node_label(n, lb, sizeof lb), n->nin, n->nout, ENG_OP_MAX_IO);
+                         plan_node_label(n, lb, sizeof lb), n->nin, n->nout, ENG_OP_MAX_IO);
             goto fail;
         }
         const eng_op_def *d = eng_op_find(n->domain, n->op_type);
         if (!d) {
-            st = eng_err(ENG_STATUS_UNSUPPORTED, "%sop '%s'%s%s%s is not supported", node_label(n, lb, sizeof lb),
+            st = eng_err(ENG_STATUS_UNSUPPORTED, "%sop '%s'%s%s%s is not supported", plan_node_label(n, lb, sizeof lb),
                          n->op_type, n->domain[0] ? " of domain '" : "", n->domain, n->domain[0] ? "'" : "");
             goto fail;
         }
@@ -350,14 +373,16 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
         s->node = order[oi];
         s->def = d;
         if (d->kernel && !(d->flags & ENG_OP_ALIAS)) {
-            s->kernel = krn_backend_find(plan_backend(p), d->kernel);
+            /* a device plan keeps the CPU kernel too: for folding, and as the fallback (plan-place.c) */
+            s->kernel = krn_backend_find(p->dev ? krn_backend_cpu() : plan_backend(p), d->kernel);
+            if (p->dev) s->dev_kernel = krn_backend_find(p->dev, d->kernel);
             if (!s->kernel) {
-                st = eng_err(ENG_STATUS_UNSUPPORTED, "%sbackend '%s' has no kernel '%s'", node_label(n, lb, sizeof lb),
-                             plan_backend(p)->name, d->kernel);
+                st = eng_err(ENG_STATUS_UNSUPPORTED, "%sbackend '%s' has no kernel '%s'", plan_node_label(n, lb, sizeof lb),
+                             krn_backend_name(plan_backend(p)), d->kernel);
                 goto fail;
             }
         } else if (!(d->flags & ENG_OP_ALIAS)) {
-            st = eng_err(ENG_STATUS_INTERNAL, "%sop definition has no kernel", node_label(n, lb, sizeof lb));
+            st = eng_err(ENG_STATUS_INTERNAL, "%sop definition has no kernel", plan_node_label(n, lb, sizeof lb));
             goto fail;
         }
         ctx_fill(p, n, in, outs);
@@ -366,7 +391,7 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
             st = d->prepare(&c);
             s->params = c.params;
             if (st != ENG_STATUS_OK) {
-                eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+                eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
                 free_params(d, s->params);
                 s->params = NULL;
                 goto fail;
@@ -388,13 +413,13 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
         }
         if (st == ENG_STATUS_OK) st = check_outputs(n, outs, n->nout);
         if (st != ENG_STATUS_OK) {
-            eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+            eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
             goto fail;
         }
         if (node_is_foldable(p, n, d)) {
             st = fold_node(p, s, n, in, outs);
             if (st != ENG_STATUS_OK) {
-                eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+                eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
                 goto fail;
             }
             free_params(d, s->params);
@@ -433,14 +458,25 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
             goto fail;
         }
     }
+    if (p->dev && p->dynamic) {
+        static int said;
+        if (!said++)
+            fprintf(stderr, "tensord: a plan whose shapes are known only at run time runs on the CPU, not %s (device "
+                            "plans need shapes fixed at plan time)\n", krn_backend_name(p->dev));
+    } else if (p->dev) {
+        st = plan_place(p);
+        if (st == ENG_STATUS_OK && p->dev_steps) st = krn_ctx_new(p->dev, p->device, &p->ctx);
+        if (st != ENG_STATUS_OK) goto fail;
+    }
     st = plan_precision(p);
     if (st != ENG_STATUS_OK) goto fail;
     if (!p->dynamic) {
         const char *prof = getenv("TENSORD_PROFILE");
         if (prof && *prof && *prof != '0') p->prof_ms = calloc((size_t)p->nsteps + 1, sizeof *p->prof_ms);
-        plan_split_try(p, inputs);
+        if (!p->dev_steps) plan_split_try(p, inputs);
         if (!p->split) {
             st = plan_memory(p);
+            if (st == ENG_STATUS_OK && p->dev_steps) st = plan_place_memory(p);
             if (st == ENG_STATUS_OK) st = init_steps(p);
             if (st != ENG_STATUS_OK) goto fail;
         }
@@ -535,7 +571,7 @@ static eng_status run_dynamic(eng_plan *p) {
             if (s->def->flags & ENG_OP_ALIAS) memcpy(outs[0].data, in[0].data, eng_tensor_nbytes(&outs[0]));
             else st = run_kernel_once(g, s, s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
         }
-        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
         for (int i = 0; i < n->nin; i++) dyn_release(p, n->inputs[i]);
     }
     return ENG_STATUS_OK;
@@ -553,6 +589,8 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
     omp_set_num_threads(p->nthreads);
     if (p->dynamic) {
         ENG_TRY(run_dynamic(p));
+    } else if (p->dev_steps) {
+        ENG_TRY(plan_place_run(p));
     } else {
         eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
         char lb[300];
@@ -570,10 +608,14 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
             double t0 = p->prof_ms ? plan_now_ms() : 0;
             eng_status st = s->kernel->exec(&c);
             if (p->prof_ms) p->prof_ms[si] += plan_now_ms() - t0;
-            if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", node_label(n, lb, sizeof lb));
+            if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
         }
     }
-    for (int i = 0; i < g->noutputs; i++) outputs[i] = p->vals[g->outputs[i]];
+    for (int i = 0; i < g->noutputs; i++) {
+        outputs[i] = p->vals[g->outputs[i]];
+        int r = p->root[g->outputs[i]];
+        if (p->dev_steps && p->loc[r]) outputs[i].data = p->mirror[r]; /* copied back after the last step */
+    }
     p->prof_runs++;
     return ENG_STATUS_OK;
 }
@@ -589,6 +631,11 @@ void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
     st->precision = p->opts.precision;
     st->lowp_steps = p->lowp_steps;
     st->lowp_values = p->lowp_values;
+    st->device_steps = p->dev_steps;
+    if (p->dev_steps) st->fallback_steps = st->steps - p->dev_steps;
+    st->copies = p->nxfers;
+    st->copy_bytes = p->xfer_bytes;
+    st->device_bytes = p->dev_arena_bytes + p->dev_const_bytes;
     plan_split_stats(p, st);
 }
 
@@ -616,12 +663,14 @@ void eng_plan_free(eng_plan **pp) {
         fprintf(stderr, "profile: %d layout reorders inside steps, %d slow steps\n", nre, nslow);
     }
     free(p->prof_ms);
+    if (p->dev && p->ctx) (void)krn_ctx_sync(p->dev, p->ctx);
     for (int si = 0; si < p->nsteps; si++) {
         plan_step *s = &p->steps[si];
         if (s->inited && s->kernel && s->kernel->free_state && s->state) s->kernel->free_state(s->state);
         free(s->impl);
         free_params(s->def, s->params);
     }
+    plan_place_free(p);
     if (p->dyn_bufs) dyn_reset(p);
     for (int i = 0; i < p->nowned; i++) eng_free(p->owned[i]);
     free(p->owned);

@@ -47,8 +47,19 @@ eng_plan_cache *eng_plan_cache_new(void);
 void eng_plan_cache_free(eng_plan_cache **c);
 int eng_plan_cache_size(const eng_plan_cache *c); /* sub-plans held */
 
+/* Device plans: a model's weights uploaded once per device and shared by every plan that reads them (one per batch
+ * size under dynamic batching), instead of one copy per plan. Keyed by the graph initializer's host memory, which
+ * must outlive the cache (a session's graph). Not thread-safe, like the plan cache: plans sharing one run one at a
+ * time. Free it after every plan that used it. */
+typedef struct eng_dev_consts eng_dev_consts;
+eng_dev_consts *eng_dev_consts_new(const krn_backend *b, int device);
+void eng_dev_consts_free(eng_dev_consts **c);
+size_t eng_dev_consts_bytes(const eng_dev_consts *c); /* device bytes it holds */
+
 typedef struct eng_plan_opts {
-    const krn_backend *backend; /* NULL: CPU */
+    const krn_backend *backend; /* NULL: CPU. A device backend (CUDA, sim): each step runs there where the backend
+                                 * supports it, else on the CPU, with counted copies between (plan-place.c) */
+    int device;                 /* index of the backend's device */
     int nthreads;               /* <= 0: all cores */
     eng_precision precision;
     int no_split;               /* 1: never run as parallel sub-batches (see below) */
@@ -57,6 +68,7 @@ typedef struct eng_plan_opts {
     const char *const *fp32_nodes; /* reduced-precision plans: nodes (by name) kept fp32, e.g. a model's output
                                     * layer in mixed-precision training; must outlive the plan */
     int nfp32_nodes;
+    eng_dev_consts *dev_consts; /* device plans: shared weights (NULL: the plan uploads its own copy) */
 } eng_plan_opts;
 
 typedef struct eng_plan eng_plan;
@@ -73,6 +85,12 @@ typedef struct eng_plan_stats {
     eng_precision precision;
     int lowp_steps;     /* bf16 / fp16 plans: steps computing in that dtype (summed over a split plan's sub-plans) */
     int lowp_values;    /* activations stored in it */
+    int device_steps;   /* device plans: steps run on the device */
+    int fallback_steps; /* device plans: steps run on the CPU instead (no kernel there, or the call unsupported) */
+    int copies;         /* device plans: copies between the CPU and the device per run */
+    size_t copy_bytes;  /* their bytes */
+    size_t device_bytes;/* device memory held by this plan: its activations and the constants it uploaded itself (weights
+                         * shared through opts.dev_consts are counted there, once) */
 } eng_plan_stats;
 
 /* Whether graph g can run at precision prec on backend b (NULL: CPU) fast: OK, or UNSUPPORTED with a message

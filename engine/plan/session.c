@@ -29,6 +29,7 @@ struct eng_session {
     eng_plan *last;
     eng_tensor *feed; /* g->ninputs */
     eng_plan_cache *subplans; /* chunk plans shared by this session's batch-parallel plans */
+    eng_dev_consts *dev_consts; /* device sessions: the weights, once per device for all its plans */
 };
 
 eng_status eng_session_new_file(const char *path, const eng_session_opts *opts, eng_session **out) {
@@ -60,6 +61,11 @@ eng_status eng_session_new_graph(eng_graph *g, const eng_session_opts *opts, eng
     s->plans = calloc((size_t)s->opts.max_plans, sizeof *s->plans);
     s->feed = calloc((size_t)g->ninputs + 1, sizeof *s->feed);
     s->subplans = eng_plan_cache_new();
+    if (s->opts.backend && !krn_backend_is_host(s->opts.backend) &&
+        !(s->dev_consts = eng_dev_consts_new(s->opts.backend, s->opts.device))) {
+        eng_session_free(&s);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
     if (!s->plans || !s->feed || !s->subplans) {
         eng_session_free(&s);
         return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -75,7 +81,7 @@ eng_status eng_session_new_graph(eng_graph *g, const eng_session_opts *opts, eng
         }
     }
     if (!s->opts.no_fuse) {
-        eng_status st = eng_graph_fuse(g);
+        eng_status st = eng_graph_fuse_for(g, krn_backend_is_host(s->opts.backend));
         if (st != ENG_STATUS_OK) {
             eng_session_free(&s);
             return st;
@@ -139,8 +145,8 @@ static eng_status find_plan(eng_session *s, eng_precision prec, eng_plan **out) 
             *out = s->plans[i].plan;
             return ENG_STATUS_OK;
         }
-    eng_plan_opts po = {.nthreads = s->opts.nthreads, .precision = prec, .backend = s->opts.backend,
-                        .subplans = s->subplans, .fp32_nodes = s->opts.fp32_nodes, .nfp32_nodes = s->opts.nfp32_nodes};
+    eng_plan_opts po = {.nthreads = s->opts.nthreads, .precision = prec, .backend = s->opts.backend, .device = s->opts.device,
+                        .subplans = s->subplans, .dev_consts = s->dev_consts, .fp32_nodes = s->opts.fp32_nodes, .nfp32_nodes = s->opts.nfp32_nodes};
     eng_plan *p = NULL;
     ENG_TRY(eng_plan_new(g, &po, s->feed, &p));
     eng_tensor *shapes = calloc((size_t)g->ninputs + 1, sizeof *shapes);
@@ -206,6 +212,19 @@ eng_status eng_session_run_at(eng_session *s, eng_precision prec, int nin, const
     return st;
 }
 
+size_t eng_session_device_bytes(eng_session *s) {
+    pthread_mutex_lock(&s->mu);
+    size_t n = eng_dev_consts_bytes(s->dev_consts);
+    for (int i = 0; i < s->nplans; i++)
+        if (s->plans[i].plan) {
+            eng_plan_stats st;
+            eng_plan_get_stats(s->plans[i].plan, &st);
+            n += st.device_bytes;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void eng_session_last_stats(const eng_session *s, eng_plan_stats *st) {
     if (s->last) eng_plan_get_stats(s->last, st);
     else memset(st, 0, sizeof *st);
@@ -220,6 +239,7 @@ void eng_session_free(eng_session **sp) {
     }
     free(s->plans);
     eng_plan_cache_free(&s->subplans);
+    eng_dev_consts_free(&s->dev_consts);
     free(s->feed);
     eng_graph_free(&s->g);
     pthread_mutex_destroy(&s->mu);

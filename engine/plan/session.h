@@ -16,7 +16,8 @@
 typedef struct eng_session_opts {
     int nthreads;        /* <= 0: all cores */
     eng_precision precision;    /* of eng_session_run; refused at load when the backend cannot run it fast */
-    const krn_backend *backend; /* NULL: CPU */
+    const krn_backend *backend; /* NULL: CPU. A device backend (krn_backend_by_name): steps it supports run there */
+    int device;          /* index of the backend's device */
     int no_fuse;         /* 1: skip fusion rewrites */
     const char *const *fp32_nodes; /* reduced precision: nodes kept fp32 (eng_plan_opts); must outlive the session */
     int nfp32_nodes;
@@ -43,6 +44,10 @@ eng_status eng_session_run_at(eng_session *s, eng_precision prec, int nin, const
 
 /* Stats of the plan used by the last run (zeroed if none). */
 void eng_session_last_stats(const eng_session *s, eng_plan_stats *st);
+/* Device sessions: device memory held now: its shared weights (once) plus every cached plan's activations and own
+ * constants. 0 on the CPU. Thread-safe (takes the session's lock: not while a run of it is in progress on the
+ * calling thread). */
+size_t eng_session_device_bytes(eng_session *s);
 
 void eng_session_free(eng_session **s);
 

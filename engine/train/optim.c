@@ -14,10 +14,19 @@
  *                               cosine min_lr + (lr - min_lr) * (1 + cos(pi * min(t, decay_steps) / decay_steps)) / 2
  * Adam: t = step + 1; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
  *
- * Invariants: the scale factors (clip scale, bias corrections) are computed once per update in double and
- * the element loops are branch-free float loops the compiler vectorises; parameters of at least
- * OPTIM_OMP_MIN elements are split across OpenMP threads (the result does not depend on the thread count:
- * every element's update is independent; only the logged gradient norm, reduced in double, may differ in its last bits).
+ * The element loops are the "optim" kernel family (kernels/krn-optim.h: optim_accumulate, optim_sum_squares,
+ * optim_update), called once per parameter buffer through a backend's kernel table: the CPU's, resolved once in
+ * eng_optim_new (eng_optim_apply), or the one given to eng_optim_apply_on. This file computes what is the same for
+ * every element of an update on the host (learning rate, clip scale, bias corrections in double) and passes it in
+ * krn_optim_params; the CPU kernels keep the operation order of the loops that used to live here (bit-identical).
+ *
+ * Where the state lives: host memory (eng_alloc) from eng_optim_new. The first eng_optim_apply_on with a non-host
+ * backend moves it to that backend's buffers (krn_buf_alloc + krn_buf_set, then the host copies are freed); from
+ * then on the optimizer belongs to that backend: apply_on with any other backend and eng_optim_apply are refused,
+ * state_save / state_load copy through krn_buf_get / krn_buf_set on the context of the last apply_on call, and
+ * eng_optim_free frees the device buffers on it. The global norm is the host's sum, in parameter order, of the
+ * per-parameter float64 sums of squares (read back from the device: one krn_buf_get + krn_ctx_sync per update).
+ *
  * State layout (eng_optim_state_save): a fixed header {magic "TDOPTST\0", u32 version, u32 kind, u32 nparams,
  * u32 slots, i64 step, i64 accum_count, i64 total floats} followed by nparams i64 sizes and then each slot's
  * buffers (slot-major: all of slot 0's params, then slot 1's ...), native byte order. Load checks every
@@ -26,15 +35,23 @@
 #include "optim.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/kernel.h"
+#include "../../kernels/krn-optim.h"
 #include "../ir/tensor.h"
 
-#define OPTIM_OMP_MIN 32768
 #define OPTIM_STATE_MAGIC "TDOPTST"
 #define OPTIM_STATE_VERSION 1u
 #define OPTIM_MAX_SLOTS 3
+
+/* The optim kernels of one backend. */
+typedef struct optim_kernels {
+    const krn_backend *b;
+    const krn_kernel *update, *sumsq, *accum;
+} optim_kernels;
 
 struct eng_optim {
     eng_optim_opts o;   /* defaults resolved */
@@ -42,10 +59,18 @@ struct eng_optim {
     int64_t *sizes;     /* nparams */
     int nslots;         /* state buffers per parameter: SGD+momentum 1 (velocity), Adam 2 (m, v), +1 accumulator */
     int slot_m, slot_v, slot_acc; /* slot index or -1 */
-    float **slots[OPTIM_MAX_SLOTS]; /* slots[s][p]: sizes[p] floats each, eng_alloc'd */
+    float **slots[OPTIM_MAX_SLOTS]; /* slots[s][p]: sizes[p] floats each, eng_alloc'd; all NULL once on a device */
+    double *host_ss;    /* nparams per-parameter sums of squares (host path) */
     int64_t step;       /* updates applied */
     int64_t accum_count;/* gradients summed into the accumulators since the last update */
     float last_norm;
+    optim_kernels cpu;  /* resolved in eng_optim_new */
+    /* device state: set by the first eng_optim_apply_on with a non-host backend */
+    optim_kernels dev;  /* dev.b NULL: the state is on the host */
+    krn_ctx *dev_ctx;   /* the context of the last apply_on call */
+    float **dslots[OPTIM_MAX_SLOTS]; /* dslots[s][p]: sizes[p] floats in dev.b's buffers (NULL for size 0) */
+    double *dev_ss;     /* nparams float64 sums of squares, dev.b's buffer */
+    double *dev_ss_host;/* nparams, krn_host_alloc'd (pinned on CUDA): where dev_ss is read back */
 };
 
 typedef struct optim_state_header {
@@ -64,6 +89,38 @@ int eng_optim_parse(const char *name) {
 
 static const char *optim_name(eng_optim_kind k) {
     return k == ENG_OPTIM_SGD ? "sgd" : k == ENG_OPTIM_ADAM ? "adam" : k == ENG_OPTIM_ADAMW ? "adamw" : "?";
+}
+
+/* The optim kernels of backend b into *k; UNSUPPORTED naming the backend and the kernel when one is missing. */
+static eng_status optim_kernels_find(const krn_backend *b, optim_kernels *k) {
+    static const char *const names[3] = {"optim_update", "optim_sum_squares", "optim_accumulate"};
+    const krn_kernel *found[3];
+    for (int i = 0; i < 3; i++) {
+        found[i] = krn_backend_find(b, names[i]);
+        if (!found[i])
+            return eng_err(ENG_STATUS_UNSUPPORTED, "optimizer: backend %s has no kernel %s", krn_backend_name(b),
+                           names[i]);
+    }
+    *k = (optim_kernels){.b = b, .update = found[0], .sumsq = found[1], .accum = found[2]};
+    return ENG_STATUS_OK;
+}
+
+/* Frees the device state (on the context of the last apply_on) and returns the optimizer to "no device". */
+static void optim_dev_free(eng_optim *o) {
+    const krn_backend *b = o->dev.b;
+    if (!b) return;
+    for (int s = 0; s < o->nslots; s++) {
+        if (!o->dslots[s]) continue;
+        for (int p = 0; p < o->nparams; p++)
+            if (o->dslots[s][p]) krn_buf_free(b, o->dev_ctx, o->dslots[s][p]);
+        free(o->dslots[s]);
+        o->dslots[s] = NULL;
+    }
+    if (o->dev_ss) krn_buf_free(b, o->dev_ctx, o->dev_ss);
+    if (o->dev_ss_host) krn_host_free(b, o->dev_ss_host);
+    o->dev_ss = o->dev_ss_host = NULL;
+    o->dev = (optim_kernels){0};
+    o->dev_ctx = NULL;
 }
 
 eng_status eng_optim_new(const eng_optim_opts *opts, int nparams, const int64_t *sizes, eng_optim **out) {
@@ -133,6 +190,13 @@ eng_status eng_optim_new(const eng_optim_opts *opts, int nparams, const int64_t 
             memset(op->slots[s][p], 0, nb);
         }
     }
+    op->host_ss = calloc((size_t)(nparams ? nparams : 1), sizeof(double));
+    if (!op->host_ss) goto oom;
+    eng_status st = optim_kernels_find(krn_backend_cpu(), &op->cpu);
+    if (st != ENG_STATUS_OK) {
+        eng_optim_free(&op);
+        return st;
+    }
     *out = op;
     return ENG_STATUS_OK;
 oom:
@@ -143,11 +207,13 @@ oom:
 void eng_optim_free(eng_optim **po) {
     if (!po || !*po) return;
     eng_optim *o = *po;
+    optim_dev_free(o);
     for (int s = 0; s < o->nslots; s++) {
         if (!o->slots[s]) continue;
         for (int p = 0; p < o->nparams; p++) eng_free(o->slots[s][p]);
         free(o->slots[s]);
     }
+    free(o->host_ss);
     free(o->sizes);
     free(o);
     *po = NULL;
@@ -171,125 +237,174 @@ float eng_optim_lr(const eng_optim *o) { return o ? (float)optim_lr_at(&o->o, o-
 int64_t eng_optim_step_count(const eng_optim *o) { return o ? o->step : 0; }
 float eng_optim_last_grad_norm(const eng_optim *o) { return o ? o->last_norm : 0.0f; }
 
-/* Sum of squares in float over 4096-element blocks (vectorised), blocks summed in double. */
-static double sum_squares(const float *g, int64_t n, float scale) {
-    double ss = 0;
-#pragma omp parallel for reduction(+ : ss) if (n >= OPTIM_OMP_MIN) schedule(static)
-    for (int64_t b = 0; b < n; b += 4096) {
-        int64_t e = b + 4096 < n ? b + 4096 : n;
-        float acc = 0;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t i = b; i < e; i++) {
-            float x = g[i] * scale;
-            acc += x * x;
-        }
-        ss += acc;
-    }
-    return ss;
+/* A float32 vector view of n elements (an absent tensor when data is NULL). */
+static eng_tensor optim_vec(const void *data, int64_t n) {
+    eng_tensor t = {.dtype = data ? ENG_DTYPE_F32 : ENG_DTYPE_UNDEFINED, .ndim = 1, .dims = {n}, .data = (void *)data};
+    return t;
 }
 
-/* g_eff = gs * g + wd * w for the kernels below (gs folds clipping and the accumulation average). */
-
-static void sgd_plain(float *restrict w, const float *restrict g, int64_t n, float lr, float gs, float wd) {
-#pragma omp parallel for simd if (n >= OPTIM_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) w[i] -= lr * (gs * g[i] + wd * w[i]);
+static eng_status optim_run(const krn_kernel *k, krn_ctx *ctx, const void *params, const eng_tensor *in, int nin,
+                            eng_tensor *out, int nout) {
+    krn_call c = {.params = params, .in = in, .nin = nin, .out = out, .nout = nout,
+                  .nthreads = ctx ? 1 : omp_get_max_threads(), .ctx = ctx};
+    return k->exec(&c);
 }
 
-static void sgd_momentum(float *restrict w, const float *restrict g, float *restrict v, int64_t n, float lr, float gs,
-                         float wd, float mom, int nesterov) {
-    if (nesterov) {
-#pragma omp parallel for simd if (n >= OPTIM_OMP_MIN) schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float ge = gs * g[i] + wd * w[i];
-            float vi = mom * v[i] - lr * ge;
-            v[i] = vi;
-            w[i] += mom * vi - lr * ge;
+/* Moves the state to non-host backend k->b (first apply_on with it): device buffers, the host state copied over,
+ * then the host copies freed. On failure the state stays on the host, untouched. */
+static eng_status optim_dev_init(eng_optim *o, const optim_kernels *k, krn_ctx *ctx) {
+    const krn_backend *b = k->b;
+    o->dev = *k;
+    o->dev_ctx = ctx;
+    eng_status st = ENG_STATUS_OK;
+    size_t ssb = (size_t)(o->nparams ? o->nparams : 1) * sizeof(double);
+    st = krn_buf_alloc(b, ctx, ssb, (void **)&o->dev_ss);
+    if (st == ENG_STATUS_OK) st = krn_host_alloc(b, ssb, (void **)&o->dev_ss_host);
+    for (int s = 0; s < o->nslots && st == ENG_STATUS_OK; s++) {
+        o->dslots[s] = calloc((size_t)(o->nparams ? o->nparams : 1), sizeof(float *));
+        if (!o->dslots[s]) {
+            st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "optimizer %s: device state table", optim_name(o->o.kind));
+            break;
         }
-    } else {
-#pragma omp parallel for simd if (n >= OPTIM_OMP_MIN) schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float ge = gs * g[i] + wd * w[i];
-            float vi = mom * v[i] - lr * ge;
-            v[i] = vi;
-            w[i] += vi;
+        for (int p = 0; p < o->nparams && st == ENG_STATUS_OK; p++) {
+            size_t nb = (size_t)o->sizes[p] * sizeof(float);
+            if (!nb) continue;
+            st = krn_buf_alloc(b, ctx, nb, (void **)&o->dslots[s][p]);
+            if (st == ENG_STATUS_OK) st = krn_buf_set(b, ctx, o->dslots[s][p], o->slots[s][p], nb);
         }
     }
-}
-
-/* Adam step; wd: L2 coefficient (Adam), dwd: decoupled factor lr*weight_decay (AdamW). Note: GCC vectorises
- * this loop only with -fno-math-errno (sqrtf's errno path); the build's default flags keep it scalar. */
-static void adam_update(float *restrict w, const float *restrict g, float *restrict m, float *restrict v, int64_t n,
-                        float lr, float gs, float wd, float dwd, float b1, float b2, float ibc1, float ibc2, float eps) {
-    float c1 = 1.0f - b1, c2 = 1.0f - b2;
-#pragma omp parallel for simd if (n >= OPTIM_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float wi = w[i];
-        float ge = gs * g[i] + wd * wi;
-        wi -= dwd * wi;
-        float mi = b1 * m[i] + c1 * ge;
-        float vi = b2 * v[i] + c2 * ge * ge;
-        m[i] = mi;
-        v[i] = vi;
-        w[i] = wi - lr * (mi * ibc1) / (sqrtf(vi * ibc2) + eps);
+    if (st == ENG_STATUS_OK) st = krn_ctx_sync(b, ctx); /* the host slots are read until here */
+    if (st != ENG_STATUS_OK) {
+        optim_dev_free(o);
+        return st;
     }
+    for (int s = 0; s < o->nslots; s++)
+        for (int p = 0; p < o->nparams; p++) {
+            eng_free(o->slots[s][p]);
+            o->slots[s][p] = NULL;
+        }
+    return ENG_STATUS_OK;
 }
 
-eng_status eng_optim_apply(eng_optim *o, float *const *params, const float *const *grads, int *applied) {
+/* One call of eng_optim_apply / eng_optim_apply_on with the kernels k (of backend k->b, context ctx), the state
+ * buffers slots, the per-parameter sums of squares written to ss_out (k->b's buffer) and read on the host at ss. */
+static eng_status optim_apply_with(eng_optim *o, const optim_kernels *k, krn_ctx *ctx, float **const *slots,
+                                   double *ss_out, double *ss, float *const *params, const float *const *grads,
+                                   int *applied) {
     if (!o || (o->nparams > 0 && (!params || !grads)))
         return eng_err(ENG_STATUS_INVALID_ARGUMENT, "optimizer: NULL argument");
     if (applied) *applied = 0;
+    const char *nm = optim_name(o->o.kind);
     for (int p = 0; p < o->nparams; p++)
         if (o->sizes[p] > 0 && (!params[p] || !grads[p]))
-            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "optimizer %s: parameter %d has no %s buffer",
-                           optim_name(o->o.kind), p, params[p] ? "gradient" : "weight");
+            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "optimizer %s: parameter %d has no %s buffer", nm, p,
+                           params[p] ? "gradient" : "weight");
     const eng_optim_opts *opt = &o->o;
+    int host = krn_backend_is_host(k->b);
+    eng_status st = ENG_STATUS_OK;
     const float *const *g = grads;
     float gs = 1.0f;
     if (o->slot_acc >= 0) {
-        float **acc = o->slots[o->slot_acc];
-        for (int p = 0; p < o->nparams; p++) {
-            float *restrict a = acc[p];
-            const float *restrict gp = grads[p];
-            int64_t n = o->sizes[p];
-#pragma omp parallel for simd if (n >= OPTIM_OMP_MIN) schedule(static)
-            for (int64_t i = 0; i < n; i++) a[i] += gp[i];
+        float **acc = slots[o->slot_acc];
+        for (int p = 0; p < o->nparams && st == ENG_STATUS_OK; p++) {
+            if (!o->sizes[p]) continue;
+            eng_tensor in[2] = {optim_vec(acc[p], o->sizes[p]), optim_vec(grads[p], o->sizes[p])};
+            eng_tensor out[1] = {in[0]};
+            st = optim_run(k->accum, ctx, NULL, in, 2, out, 1);
         }
+        if (st != ENG_STATUS_OK) return st;
         if (++o->accum_count < opt->accum_steps) return ENG_STATUS_OK;
         g = (const float *const *)acc;
         gs = 1.0f / (float)opt->accum_steps;
     }
-    double ss = 0;
-    for (int p = 0; p < o->nparams; p++) ss += sum_squares(g[p], o->sizes[p], gs);
-    double norm = sqrt(ss);
+    krn_optim_sumsq_params sp = {.scale = gs};
+    for (int p = 0; p < o->nparams && st == ENG_STATUS_OK; p++) {
+        if (!o->sizes[p]) {
+            if (host) ss_out[p] = 0;
+            continue;
+        }
+        eng_tensor in[1] = {optim_vec(g[p], o->sizes[p])};
+        eng_tensor out[1] = {{.dtype = ENG_DTYPE_F64, .ndim = 0, .data = ss_out + p}};
+        st = optim_run(k->sumsq, ctx, &sp, in, 1, out, 1);
+    }
+    if (!host && st == ENG_STATUS_OK && o->nparams) {
+        /* a size-0 parameter's slot was never written: zero it on the host after the copy */
+        st = krn_buf_get(k->b, ctx, ss, ss_out, (size_t)o->nparams * sizeof(double));
+        if (st == ENG_STATUS_OK) st = krn_ctx_sync(k->b, ctx);
+        for (int p = 0; p < o->nparams; p++)
+            if (!o->sizes[p]) ss[p] = 0;
+    }
+    if (st != ENG_STATUS_OK) return st;
+    double sum = 0;
+    for (int p = 0; p < o->nparams; p++) sum += ss[p];
+    double norm = sqrt(sum);
     o->last_norm = (float)norm;
     if (opt->clipnorm > 0 && norm > opt->clipnorm) gs = (float)((double)gs * opt->clipnorm / norm);
 
     float lr = (float)optim_lr_at(opt, o->step);
+    krn_optim_params up = {.lr = lr, .gscale = gs, .weight_decay = opt->weight_decay};
     if (opt->kind == ENG_OPTIM_SGD) {
-        for (int p = 0; p < o->nparams; p++) {
-            if (o->slot_m >= 0)
-                sgd_momentum(params[p], g[p], o->slots[o->slot_m][p], o->sizes[p], lr, gs, opt->weight_decay,
-                             opt->momentum, opt->nesterov);
-            else
-                sgd_plain(params[p], g[p], o->sizes[p], lr, gs, opt->weight_decay);
-        }
+        up.kind = o->slot_m < 0 ? KRN_OPTIM_SGD : opt->nesterov ? KRN_OPTIM_NESTEROV : KRN_OPTIM_MOMENTUM;
+        up.momentum = opt->momentum;
     } else {
         double t = (double)(o->step + 1);
-        float ibc1 = (float)(1.0 / (1.0 - pow((double)opt->beta1, t)));
-        float ibc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, t)));
-        float wd = opt->kind == ENG_OPTIM_ADAM ? opt->weight_decay : 0.0f;
-        float dwd = opt->kind == ENG_OPTIM_ADAMW ? lr * opt->weight_decay : 0.0f;
-        for (int p = 0; p < o->nparams; p++)
-            adam_update(params[p], g[p], o->slots[o->slot_m][p], o->slots[o->slot_v][p], o->sizes[p], lr, gs, wd, dwd,
-                        opt->beta1, opt->beta2, ibc1, ibc2, opt->eps);
+        up.kind = KRN_OPTIM_ADAM;
+        up.inv_bc1 = (float)(1.0 / (1.0 - pow((double)opt->beta1, t)));
+        up.inv_bc2 = (float)(1.0 / (1.0 - pow((double)opt->beta2, t)));
+        up.weight_decay = opt->kind == ENG_OPTIM_ADAM ? opt->weight_decay : 0.0f;
+        up.decoupled_decay = opt->kind == ENG_OPTIM_ADAMW ? lr * opt->weight_decay : 0.0f;
+        up.beta1 = opt->beta1;
+        up.beta2 = opt->beta2;
+        up.eps = opt->eps;
     }
-    if (o->slot_acc >= 0) {
-        for (int p = 0; p < o->nparams; p++) memset(o->slots[o->slot_acc][p], 0, (size_t)o->sizes[p] * sizeof(float));
-        o->accum_count = 0;
+    for (int p = 0; p < o->nparams && st == ENG_STATUS_OK; p++) {
+        int64_t n = o->sizes[p];
+        if (!n) continue;
+        eng_tensor in[4] = {optim_vec(params[p], n), optim_vec(g[p], n),
+                            optim_vec(o->slot_m >= 0 ? slots[o->slot_m][p] : NULL, n),
+                            optim_vec(o->slot_v >= 0 ? slots[o->slot_v][p] : NULL, n)};
+        /* the accumulator (g itself then) is zeroed by the update after it is read */
+        eng_tensor out[4] = {in[0], in[2], in[3], optim_vec(o->slot_acc >= 0 ? g[p] : NULL, n)};
+        st = optim_run(k->update, ctx, &up, in, 4, out, 4);
     }
+    if (st != ENG_STATUS_OK) return st;
+    if (o->slot_acc >= 0) o->accum_count = 0;
     o->step++;
     if (applied) *applied = 1;
     return ENG_STATUS_OK;
+}
+
+eng_status eng_optim_apply(eng_optim *o, float *const *params, const float *const *grads, int *applied) {
+    if (o && o->dev.b)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "optimizer %s: its state lives on backend %s since the first "
+                       "eng_optim_apply_on with it; host buffers cannot be updated", optim_name(o->o.kind),
+                       krn_backend_name(o->dev.b));
+    if (!o) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "optimizer: NULL argument");
+    return optim_apply_with(o, &o->cpu, NULL, o->slots, o->host_ss, o->host_ss, params, grads, applied);
+}
+
+eng_status eng_optim_apply_on(eng_optim *o, const krn_backend *b, krn_ctx *ctx, float *const *params,
+                              const float *const *grads, int *applied) {
+    if (!o || !b) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "optimizer: NULL argument");
+    const char *nm = optim_name(o->o.kind);
+    if (krn_backend_is_host(b)) {
+        if (o->dev.b)
+            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "optimizer %s: its state lives on backend %s, not on %s", nm,
+                           krn_backend_name(o->dev.b), krn_backend_name(b));
+        optim_kernels k = o->cpu;
+        if (b != o->cpu.b) ENG_TRY(optim_kernels_find(b, &k));
+        return optim_apply_with(o, &k, ctx, o->slots, o->host_ss, o->host_ss, params, grads, applied);
+    }
+    if (o->dev.b && o->dev.b != b)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "optimizer %s: its state lives on backend %s, not on %s", nm,
+                       krn_backend_name(o->dev.b), krn_backend_name(b));
+    if (!o->dev.b) {
+        optim_kernels k;
+        ENG_TRY(optim_kernels_find(b, &k));
+        ENG_TRY(optim_dev_init(o, &k, ctx));
+    }
+    o->dev_ctx = ctx;
+    return optim_apply_with(o, &o->dev, ctx, o->dslots, o->dev_ss, o->dev_ss_host, params, grads, applied);
 }
 
 /* ---- checkpoint state ---- */
@@ -327,13 +442,19 @@ eng_status eng_optim_state_save(const eng_optim *o, void *buf, size_t len) {
     b += sizeof h;
     if (o->nparams) memcpy(b, o->sizes, (size_t)o->nparams * sizeof(int64_t));
     b += (size_t)o->nparams * sizeof(int64_t);
-    for (int s = 0; s < o->nslots; s++)
-        for (int p = 0; p < o->nparams; p++) {
+    eng_status st = ENG_STATUS_OK;
+    for (int s = 0; s < o->nslots && st == ENG_STATUS_OK; s++)
+        for (int p = 0; p < o->nparams && st == ENG_STATUS_OK; p++) {
             size_t nb = (size_t)o->sizes[p] * sizeof(float);
-            memcpy(b, o->slots[s][p], nb);
+            if (!o->dev.b) memcpy(b, o->slots[s][p], nb);
+            else if (nb) st = krn_buf_get(o->dev.b, o->dev_ctx, b, o->dslots[s][p], nb);
             b += nb;
         }
-    return ENG_STATUS_OK;
+    if (o->dev.b) {
+        eng_status sync = krn_ctx_sync(o->dev.b, o->dev_ctx); /* also when a get failed: buf must not be written later */
+        if (st == ENG_STATUS_OK) st = sync;
+    }
+    return st;
 }
 
 eng_status eng_optim_state_load(eng_optim *o, const void *buf, size_t len) {
@@ -370,12 +491,19 @@ eng_status eng_optim_state_load(eng_optim *o, const void *buf, size_t len) {
                            nm, p, (long long)sz, (long long)o->sizes[p]);
     }
     b += (size_t)o->nparams * sizeof(int64_t);
-    for (int s = 0; s < o->nslots; s++)
-        for (int p = 0; p < o->nparams; p++) {
+    eng_status st = ENG_STATUS_OK;
+    for (int s = 0; s < o->nslots && st == ENG_STATUS_OK; s++)
+        for (int p = 0; p < o->nparams && st == ENG_STATUS_OK; p++) {
             size_t nb = (size_t)o->sizes[p] * sizeof(float);
-            memcpy(o->slots[s][p], b, nb);
+            if (!o->dev.b) memcpy(o->slots[s][p], b, nb);
+            else if (nb) st = krn_buf_set(o->dev.b, o->dev_ctx, o->dslots[s][p], b, nb);
             b += nb;
         }
+    if (o->dev.b) {
+        eng_status sync = krn_ctx_sync(o->dev.b, o->dev_ctx); /* buf is read until here */
+        if (st == ENG_STATUS_OK) st = sync;
+    }
+    if (st != ENG_STATUS_OK) return st;
     o->step = h.step;
     o->accum_count = h.accum_count;
     return ENG_STATUS_OK;

@@ -47,11 +47,29 @@ void eng_optim_free(eng_optim **o);
 /* Learning rate for the next update. */
 float eng_optim_lr(const eng_optim *o);
 int64_t eng_optim_step_count(const eng_optim *o);
-/* Feed one step's gradients; applies an update (returns *applied = 1) unless accumulating. Thread-compatible. */
+/* Feed one step's gradients; applies an update (returns *applied = 1) unless accumulating. Thread-compatible.
+ * params/grads are host buffers; runs the CPU backend's "optim" kernels (kernels/krn-optim.h). Refused once the
+ * state has moved to a device backend (eng_optim_apply_on). */
 eng_status eng_optim_apply(eng_optim *o, float *const *params, const float *const *grads, int *applied);
+/* eng_optim_apply for parameters and gradients that live in backend b's buffers (sizes[p] floats each), run as b's
+ * "optim" kernels queued on ctx (b's execution context; NULL for host backends). Same results as eng_optim_apply
+ * (the CPU kernels are the reference; a device agrees to float rounding). For a host backend the state stays in
+ * host memory and the two entry points may be mixed. For a non-host backend the first call moves the state
+ * (moments, accumulators, including what earlier eng_optim_apply calls or a state_load left) into b's buffers
+ * (krn_buf_alloc + krn_buf_set, waits for the copies, frees the host copies); from then on the optimizer belongs to
+ * b: eng_optim_apply and apply_on with another backend are refused, and state_save / state_load / eng_optim_free
+ * reach the state through the ctx of the LAST apply_on call, which must stay valid until eng_optim_free. Each
+ * applying call reads the per-parameter sums of squares back (krn_buf_get + krn_ctx_sync: one wait per update) to
+ * form the global norm on the host; the update itself is queued and not waited for: sync ctx before reading
+ * params. Returns UNSUPPORTED naming the kernel when b has no optim kernels. */
+typedef struct krn_backend krn_backend; /* kernels/kernel.h */
+typedef struct krn_ctx krn_ctx;
+eng_status eng_optim_apply_on(eng_optim *o, const krn_backend *b, krn_ctx *ctx, float *const *params,
+                              const float *const *grads, int *applied);
 /* Global L2 norm of the last gradients applied (before clipping), for logging. */
 float eng_optim_last_grad_norm(const eng_optim *o);
-/* Checkpoint: the whole state (moments, step, accumulators) as bytes; restore checks sizes. */
+/* Checkpoint: the whole state (moments, step, accumulators) as bytes; restore checks sizes. With the state on a
+ * device backend both copy through it and wait for the copies (krn_ctx_sync) before returning. */
 size_t eng_optim_state_size(const eng_optim *o);
 eng_status eng_optim_state_save(const eng_optim *o, void *buf, size_t len);
 eng_status eng_optim_state_load(eng_optim *o, const void *buf, size_t len);

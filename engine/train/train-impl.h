@@ -167,4 +167,7 @@ eng_status trn_write_version(trn_ctx *c, eng_train_result *res);
 /* metrics.json text (malloc'd). */
 char *trn_metrics_json(const trn_ctx *c);
 
+/* The backend and device replica r runs on (o->devices[r % ndevices]; the CPU when none are listed). */
+eng_status trn_replica_device(const eng_train_opts *o, int r, eng_session_opts *so);
+
 #endif

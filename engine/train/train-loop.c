@@ -86,6 +86,15 @@ static void feed_rows(const trn_ctx *c, eng_tensor *feed, const eng_batch *b, in
     }
 }
 
+eng_status trn_replica_device(const eng_train_opts *o, int r, eng_session_opts *so) {
+    so->backend = NULL;
+    so->device = 0;
+    if (o->ndevices <= 0) return ENG_STATUS_OK;
+    const char *d = o->devices[r % o->ndevices];
+    eng_status st = krn_backend_by_name(d, &so->backend, &so->device);
+    return st == ENG_STATUS_OK ? st : eng_err_prefix(st, "replica %d: ", r);
+}
+
 eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
     c->reps = calloc((size_t)c->R, sizeof *c->reps);
     if (!c->reps) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -122,6 +131,7 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
         trn_replica *rp = &c->reps[r];
         rp->c = c;
         rp->rank = r;
+        ENG_TRY(trn_replica_device(c->o, r, &so));
         eng_graph *g = eng_graph_clone(gt);
         if (!g) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory cloning the training graph");
         ENG_TRY(eng_session_new_graph(g, &so, &rp->s));

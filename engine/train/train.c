@@ -328,7 +328,8 @@ static eng_status build(trn_ctx *c) {
         for (int i = 0; st == ENG_STATUS_OK && i < c->nparams; i++) st = ensure_input(ge, c->params[i].name);
         if (st == ENG_STATUS_OK) {
             eng_session_opts so = {.nthreads = o->nthreads, .no_fuse = 1, .precision = o->precision};
-            if (o->precision != ENG_PRECISION_FP32) {
+            st = trn_replica_device(o, 0, &so);
+            if (st == ENG_STATUS_OK && o->precision != ENG_PRECISION_FP32) {
                 st = trn_output_layer_nodes(ge, c->pred, &c->fp32_eval);
                 so.fp32_nodes = (const char *const *)c->fp32_eval.names;
                 so.nfp32_nodes = c->fp32_eval.n;
@@ -677,6 +678,14 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
     memset(&c, 0, sizeof c);
     c.o = o;
     c.R = o->replicas;
+    if (o->ndevices < 0 || o->ndevices > 256)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "devices: %d listed, at most 256", o->ndevices);
+    for (int d = 0; d < o->ndevices; d++) {
+        const krn_backend *b;
+        if (krn_backend_by_name(o->devices[d], &b, NULL) != ENG_STATUS_OK)
+            return eng_err_prefix(ENG_STATUS_INVALID_ARGUMENT, "devices: ");
+    }
+    if (c.R < o->ndevices) c.R = o->ndevices;
     c.W = 1;
     c.world = o->world;
     if (c.world) {

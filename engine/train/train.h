@@ -83,6 +83,12 @@ typedef struct eng_train_opts {
     int nfreeze;
     int nthreads;                  /* threads per replica's kernels; <= 0 all cores / replicas */
     int replicas;                  /* data-parallel replicas (threads of this process), >= 1 */
+    const char *const *devices;    /* where the replicas run ("cpu", "cuda:N", "sim:N"; kernels/kernel.h's
+                                    * krn_backend_by_name): replica r on devices[r % ndevices]; replicas is raised to
+                                    * ndevices when lower. Steps a device lacks run on the CPU (engine/plan/plan-place.c).
+                                    * The trainer's weights and optimizer stay in host memory: each step copies the
+                                    * weights in and the gradients out. NULL / 0: every replica on the CPU */
+    int ndevices;
     struct eng_comm *world;        /* optional (allreduce.h, e.g. eng_comm_new_mpi): this process is one rank of a
                                     * multi-process job. Every rank reads the same data in the same order; rank k of W
                                     * trains on shards k*R .. k*R+R-1 of each global batch (W*R shards in all), and

@@ -1,7 +1,7 @@
 /* cpu-backend.c - the CPU backend's kernel table: one array per op family file in kernels/cpu/. */
 #include <dnnl.h>
 
-#include "../kernel.h"
+#include "../backend-impl.h"
 
 extern const krn_kernel krn_cpu_eltwise_kernels[];
 extern const krn_kernel krn_cpu_tensor_kernels[];
@@ -10,10 +10,11 @@ extern const krn_kernel krn_cpu_reduce_kernels[];
 extern const krn_kernel krn_cpu_grad_kernels[];
 extern const krn_kernel krn_cpu_quant_kernels[];
 extern const krn_kernel krn_cpu_grad_lowp_kernels[];
+extern const krn_kernel krn_cpu_optim_kernels[];
 
 static const krn_kernel *const krn_cpu_tables[] = {
     krn_cpu_eltwise_kernels, krn_cpu_tensor_kernels, krn_cpu_nn_kernels, krn_cpu_reduce_kernels, krn_cpu_grad_kernels, krn_cpu_quant_kernels,
-    krn_cpu_grad_lowp_kernels, NULL,
+    krn_cpu_grad_lowp_kernels, krn_cpu_optim_kernels, NULL,
 };
 
 static const char *cpu_isa_name(dnnl_cpu_isa_t isa) {
@@ -51,6 +52,7 @@ static eng_status cpu_precision_check(eng_dtype dt) {
     }
 }
 
-static const krn_backend krn_cpu_backend = {"cpu", krn_cpu_tables, cpu_precision_check};
+static const krn_backend krn_cpu_backend = {.abi = KRN_BACKEND_ABI, .name = "cpu", .tables = krn_cpu_tables,
+                                           .precision_check = cpu_precision_check, .is_host = 1, .alignment = 64};
 
 const krn_backend *krn_backend_cpu(void) { return &krn_cpu_backend; }

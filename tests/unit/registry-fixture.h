@@ -25,6 +25,7 @@
 #include "engine/ir/onnx.h"
 #include "server/srv.c"
 #include "server/bundle.c"
+#include "server/device.c"
 #include "server/version.c"
 #include "server/registry.c"
 #include "server/registry-poll.c"

@@ -1,0 +1,56 @@
+/* backend-impl.h - the body of a backend (kernel.h's opaque krn_backend), in the spirit of ggml's
+ * ggml-backend-impl.h. Backends fill one of these: kernels/cpu/cpu-backend.c, kernels/sim/sim-backend.c and the
+ * CUDA plugin (kernels/cuda/cuda-backend.cu, loaded by kernels/backend.c). Engine code uses kernel.h's functions.
+ *
+ * A NULL hook means the host default: no context, eng_alloc buffers, memcpy copies, no-op events. A device backend
+ * sets all of them. Hooks never exit or abort: they return a status with a message naming the device.
+ */
+#ifndef KRN_BACKEND_IMPL_H
+#define KRN_BACKEND_IMPL_H
+
+#include "kernel.h"
+
+/* Bumped whenever this struct changes: the CUDA plugin is built from the same tree, and one built from another is
+ * refused at load instead of called through the wrong layout. */
+#define KRN_BACKEND_ABI 2
+
+struct krn_backend {
+    int abi;                         /* KRN_BACKEND_ABI */
+    const char *name;                /* "cpu", "cuda", "sim" */
+    const krn_kernel *const *tables; /* NULL-terminated list of {NULL}-terminated kernel arrays */
+    eng_status (*precision_check)(eng_dtype dt);
+    int is_host;                     /* tensors are host memory */
+    size_t alignment;                /* of buffers from alloc */
+    int (*device_count)(void);
+    eng_status (*mem_info)(int dev, size_t *free_b, size_t *total_b);
+    /* execution context */
+    eng_status (*ctx_new)(int dev, krn_ctx **out);
+    void (*ctx_free)(krn_ctx *c);
+    eng_status (*ctx_sync)(krn_ctx *c);
+    eng_status (*ctx_enter)(krn_ctx *c); /* make the calling thread launch on c's device (before kernels run) */
+    /* buffers */
+    eng_status (*alloc)(krn_ctx *c, size_t nbytes, void **out);
+    void (*free)(krn_ctx *c, void *p);
+    eng_status (*host_alloc)(size_t nbytes, void **out);
+    void (*host_free)(void *p);
+    eng_status (*set)(krn_ctx *c, void *dst, const void *host_src, size_t n);
+    eng_status (*get)(krn_ctx *c, void *host_dst, const void *src, size_t n);
+    eng_status (*copy)(krn_ctx *c, void *dst, const void *src, size_t n);
+    /* events */
+    eng_status (*event_new)(krn_ctx *c, krn_event **out);
+    eng_status (*event_record)(krn_ctx *c, krn_event *e);
+    eng_status (*event_wait)(krn_ctx *c, krn_event *e);
+    eng_status (*event_sync)(krn_event *e);
+    void (*event_free)(krn_event *e);
+};
+
+/* The CUDA plugin's one exported symbol (build/libtensord_cuda.so): the backend when the plugin's own checks pass
+ * (driver, at least one device), else NULL with why[] saying what is missing. */
+typedef const krn_backend *(*krn_cuda_entry_fn)(char *why, size_t whylen);
+#define KRN_CUDA_ENTRY "tensord_cuda_backend"
+
+const krn_backend *krn_backend_sim(void);
+/* A symbol of the loaded CUDA plugin (benchmarks: cuda_blas_peak_tflops), NULL when it is not loaded or lacks it. */
+void *krn_cuda_plugin_symbol(const char *name);
+
+#endif

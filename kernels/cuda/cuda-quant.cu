@@ -1,0 +1,6 @@
+/* cuda-quant.cu - (being written) */
+#include "cuda-impl.h"
+
+extern "C" const krn_kernel krn_cuda_quant_kernels[] = {
+    {NULL},
+};
