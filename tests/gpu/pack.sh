@@ -21,15 +21,16 @@ done | sort -u | grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|li
      | while read -r l; do cp -L "$l" build/gpu-pack/lib/; done
 cp -r /usr/share/libonnx-testdata/data/{node,pytorch-converted,pytorch-operator,simple} build/gpu-pack/data/
 cp tests/conformance/expected-*.txt build/gpu-pack/data/
-# ResNet-50's request: [1,3,224,224] float32 input "x" (the torchvision export's name), seeded
+# ResNet-50's requests: [1,3,S,S] float32 input "x" (the torchvision export's name), seeded; S = 224 and 64 (quick)
 .venv/bin/python - <<'PY'
 import numpy as np
 from tritonclient.grpc import service_pb2
-x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
-req = service_pb2.ModelInferRequest(model_name="resnet50")
-t = req.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
-req.raw_input_contents.append(x.tobytes())
-open("build/gpu-pack/data/resnet50_infer.pb", "wb").write(req.SerializeToString())
+for s in (224, 64):
+    x = np.random.default_rng(0).standard_normal((1, 3, s, s)).astype(np.float32)
+    req = service_pb2.ModelInferRequest(model_name="resnet50")
+    req.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+    req.raw_input_contents.append(x.tobytes())
+    open(f"build/gpu-pack/data/resnet50_infer_{s}.pb", "wb").write(req.SerializeToString())
 PY
 mkdir -p .gpu
 tar -cJf .gpu/bundle.tar.xz -C build/gpu-pack .

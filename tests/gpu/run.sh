@@ -83,7 +83,7 @@ import sys, numpy as np
 np.save(sys.argv[1] + "/x.npy", np.ones((2, 20), np.float32))
 PY
     "$BIN/tensord" init --arch mlp --opt input=20 --opt hidden=16 --opt classes=3 --seed 0 --out "$WORK/mlp/1" || return 1
-    "$BIN/tensord" bench --model "$WORK/mlp/1" --input input="$WORK/x.npy" --device "$DEV" --iterations 5 | tee "$WORK/dev.txt" || return 1
+    "$BIN/tensord" bench --model "$WORK/mlp/1" --input x="$WORK/x.npy" --device "$DEV" --iterations 5 | tee "$WORK/dev.txt" || return 1
     grep -o 'device=[^ ]* device_steps=[0-9]* fallback_steps=[0-9]*' "$WORK/dev.txt" > "$WORK/devices.fig"
     grep -q 'device_steps=' "$WORK/dev.txt"
 }
@@ -97,7 +97,7 @@ st_ops() {
     done
     "$BIN/test_ops" "${args[@]}" --threads 4
     local rc=$?
-    { grep -E '^test_ops:' "$OUT/ops.log"; grep -E '^skipped: cuda' "$OUT/ops.log" | cut -c1-160; } | tr '\n' ' ' | tr '|' '/' > "$WORK/ops.fig"
+    { grep -E '^test_ops: [0-9]' "$OUT/ops.log"; grep -E '^skipped: cuda' "$OUT/ops.log" | cut -c1-160; } | tr '\n' ' ' | tr '|' '/' > "$WORK/ops.fig"
     return $rc
 }
 stage ops st_ops
@@ -138,7 +138,7 @@ train() { # train BASE DATA VERSION DEVICES BATCH EPOCHS [extra...]
         --batch-size "$b" --optimizer adam --lr 0.001 --loss sparse_categorical_crossentropy --seed 3 --no-progress \
         --devices "$devs" "$@"
 }
-eps() { $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['epochs'][-1]['examples_per_sec'])" "$1/$2/metrics.json"; }
+eps() { $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('%.0f' % m['epochs'][-1]['examples_per_sec'])" "$1/$2/metrics.json"; }
 
 st_parity() {
     local ok=0 fig=""
@@ -180,7 +180,8 @@ st_train() {
         mkdir -p "$rn/1" && cp "$WORK/ra/resnet50/model.onnx" "$rn/1/"
         rname="ResNet-50 (torchvision, ${s}px)"
     else
-        "$BIN/tensord" init --arch resnet-small --opt input=3,$s,$s --opt width=64 --opt blocks=4 --seed 0 --out "$rn/1" || return 1
+        "$BIN/tensord" init --arch resnet-small --opt input=3,$s,$s --opt width=$(size 64 8) --opt blocks=$(size 4 1) \
+            --seed 0 --out "$rn/1" || return 1
         rname="zoo ResNet (no torchvision here)"
     fi
     gen_data "$WORK/t-rn.npz" img$s "$(size 2048 64)"
@@ -199,7 +200,7 @@ st_train() {
         local e3 e4 e2 mfu
         e3=$(eps "$en" 3); e4=$(eps "$en" 4); e2=$(eps "$en" 2)
         # training FLOPs per example: 6 x (12 L D^2 weights) x seq + 12 L seq^2 D (attention scores, fwd+bwd)
-        mfu=$($PY -c "L,D,S=$L,$D,$seq; f=6*12*L*D*D*S+12*L*S*S*D; print(f'{100*f*$e4/989e12:.1f}')")
+        mfu=$($PY -c "L,D,S=$L,$D,$seq; f=6*12*L*D*D*S+12*L*S*S*D; print(f'{100*f*$e4/989e12:.2f}')")
         fig="$fig encoder fp32 $e3, bf16 $e4 vs cpu $e2 ex/s, bf16 MFU ${mfu}% of 989 TFLOP/s;"
     else rc=1; fi
     echo "$fig" > "$WORK/train.fig"
@@ -226,10 +227,11 @@ st_serve() {
         local pid=$!
         for _ in $(seq 600); do curl -sf "http://127.0.0.1:$rp/v1/models/resnet50" >/dev/null 2>&1 && break; sleep 0.2; done
         if [ $mode = unbatched ]; then
-            $PY - "$rp" "$m" <<'PY' || rc=1
+            $PY - "$rp" "$m" "$(size 224 64)" <<'PY' || rc=1
 import json, sys, urllib.request, numpy as np, onnxruntime as ort
 port, model = sys.argv[1], sys.argv[2]
-x = np.random.default_rng(0).standard_normal((2, 3, 224, 224)).astype(np.float32)
+s = int(sys.argv[3])
+x = np.random.default_rng(0).standard_normal((2, 3, s, s)).astype(np.float32)
 req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/resnet50/infer", data=json.dumps({"inputs": [
     {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}).encode())
 got = np.array(json.load(urllib.request.urlopen(req, timeout=120))["outputs"][0]["data"], np.float32).reshape(2, -1)
@@ -239,7 +241,7 @@ print("max rel err vs onnxruntime", err)
 sys.exit(0 if err <= 1e-3 else 1)
 PY
         fi
-        "$BIN/grpc_load" "127.0.0.1:$gp" /inference.GRPCInferenceService/ModelInfer "$DATA/resnet50_infer.pb" 64 \
+        "$BIN/grpc_load" "127.0.0.1:$gp" /inference.GRPCInferenceService/ModelInfer "$DATA/resnet50_infer_$(size 224 64).pb" 64 \
             "$(size 15 3)" --threads 4 --warmup 3 | tee "$WORK/load-$mode.json" || rc=1
         kill $pid; wait $pid 2>/dev/null
     done
