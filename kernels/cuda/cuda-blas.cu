@@ -102,29 +102,6 @@ __device__ __forceinline__ void blas_st4(__nv_bfloat16 *p, const float *v) {
     *(uint2 *)p = q;
 }
 
-/* The CPU's krn_act1_f32 (kernels/cpu/dnnl.c KRN_ACT_BODY), term for term. */
-__device__ __forceinline__ float blas_act(float v, int kind, float al, float be) {
-    switch (kind) {
-    case KRN_NN_ACT_RELU: return v > 0.f ? v : v * al;
-    case KRN_NN_ACT_CLIP: return v < al ? al : v > be ? be : v;
-    case KRN_NN_ACT_SIGMOID: return 1.f / (1.f + expf(-v));
-    case KRN_NN_ACT_TANH: return tanhf(v);
-    case KRN_NN_ACT_HARD_SIGMOID: {
-        float h = al * v + be;
-        return h < 0.f ? 0.f : h > 1.f ? 1.f : h;
-    }
-    case KRN_NN_ACT_GELU_ERF: return 0.5f * v * (1.f + erff(v * 0.70710678118654752440f));
-    case KRN_NN_ACT_GELU_TANH: return 0.5f * v * (1.f + tanhf(0.79788456080286535588f * (v + 0.044715f * v * v * v)));
-    case KRN_NN_ACT_ELU: return v >= 0.f ? v : al * (expf(v) - 1.f);
-    case KRN_NN_ACT_SWISH: return v / (1.f + expf(-al * v));
-    case KRN_NN_ACT_HARD_SWISH: {
-        float h = v / 6.f + 0.5f;
-        return v * (h < 0.f ? 0.f : h > 1.f ? 1.f : h);
-    }
-    default: return v;
-    }
-}
-
 /* ---- f32 -> f16/bf16 operand conversion ---- */
 
 template <typename T> __global__ void blas_cvt(const float *__restrict__ x, T *__restrict__ y, int64_t n, int vec) {
@@ -197,14 +174,14 @@ __global__ void blas_post(T *__restrict__ y, const TC *__restrict__ c, blas_post
         for (int j = 0; j < 4; j++) {
             float s = v[j];
             if (a.cmode != POST_C_NONE) s += a.beta * blas_post_c(c, i + j, a);
-            v[j] = blas_act(s, a.act, a.act_alpha, a.act_beta);
+            v[j] = cuda_act(s, a.act, a.act_alpha, a.act_beta);
         }
         blas_st4(y + i, v);
     }
     for (int64_t i = 4 * n4 + t; i < a.n; i += stride) {
         float s = blas_ld(y + i);
         if (a.cmode != POST_C_NONE) s += a.beta * blas_post_c(c, i, a);
-        y[i] = blas_from_f<T>(blas_act(s, a.act, a.act_alpha, a.act_beta));
+        y[i] = blas_from_f<T>(cuda_act(s, a.act, a.act_alpha, a.act_beta));
     }
 }
 

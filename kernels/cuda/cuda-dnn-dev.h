@@ -35,28 +35,6 @@ __device__ __forceinline__ void dnn_st(void *p, int dt, int64_t i, float v) {
     }
 }
 
-/* The CPU's krn_act1_f32 (kernels/cpu/dnnl.c), term for term. */
-__device__ __forceinline__ float dnn_act(float v, const krn_nn_act_params a) {
-    switch (a.kind) {
-    case KRN_NN_ACT_RELU: return v > 0 ? v : v * a.alpha;
-    case KRN_NN_ACT_CLIP: return v < a.alpha ? a.alpha : v > a.beta ? a.beta : v;
-    case KRN_NN_ACT_SIGMOID: return 1.f / (1.f + expf(-v));
-    case KRN_NN_ACT_TANH: return tanhf(v);
-    case KRN_NN_ACT_HARD_SIGMOID: {
-        float h = a.alpha * v + a.beta;
-        return h < 0 ? 0.f : h > 1 ? 1.f : h;
-    }
-    case KRN_NN_ACT_GELU_ERF: return 0.5f * v * (1.f + erff(v * 0.70710678118654752440f));
-    case KRN_NN_ACT_GELU_TANH: return 0.5f * v * (1.f + tanhf(0.79788456080286535588f * (v + 0.044715f * v * v * v)));
-    case KRN_NN_ACT_ELU: return v >= 0 ? v : a.alpha * (expf(v) - 1.f);
-    case KRN_NN_ACT_SWISH: return v / (1.f + expf(-a.alpha * v));
-    case KRN_NN_ACT_HARD_SWISH: {
-        float h = v / 6.f + 0.5f;
-        return v * (h < 0 ? 0.f : h > 1 ? 1.f : h);
-    }
-    default: return v;
-    }
-}
 
 /* Block-wide sum of a double (blockDim.x a multiple of 32, at most 1024); every thread gets the total. */
 __device__ __forceinline__ double dnn_block_sum(double v, double *sh /* [32] */) {
@@ -137,7 +115,7 @@ __global__ void dnn_epilogue_kernel(const void *src, void *dst, const void *bias
                 }
                 v += dnn_ld(z, e.zdt, zi);
             }
-            dnn_st(dst, e.ddt, i, dnn_act(v, e.act));
+            dnn_st(dst, e.ddt, i, cuda_act(v, e.act.kind, e.act.alpha, e.act.beta));
         }
     }
 }

@@ -61,6 +61,33 @@ void cuda_mem_free(int device, void *p);
 #define CUDNN_TRY(what, expr) do { cudnnStatus_t s__ = (expr); if (s__ != CUDNN_STATUS_SUCCESS) \
     return eng_err(ENG_STATUS_INTERNAL, "cuda %s: cuDNN %s", (what), cudnnGetErrorString(s__)); } while (0)
 
+#ifdef __CUDACC__
+#include "../krn-nn.h"
+/* A fused activation (krn_nn_act) on one float: the CPU's krn_act1_f32 (kernels/cpu/dnnl.c KRN_ACT_BODY), term for
+ * term; the epilogues of matmul, conv and the integer kernels share it. */
+__device__ __forceinline__ float cuda_act(float v, int kind, float al, float be) {
+    switch (kind) {
+    case KRN_NN_ACT_RELU: return v > 0.f ? v : v * al;
+    case KRN_NN_ACT_CLIP: return v < al ? al : v > be ? be : v;
+    case KRN_NN_ACT_SIGMOID: return 1.f / (1.f + expf(-v));
+    case KRN_NN_ACT_TANH: return tanhf(v);
+    case KRN_NN_ACT_HARD_SIGMOID: {
+        float h = al * v + be;
+        return h < 0.f ? 0.f : h > 1.f ? 1.f : h;
+    }
+    case KRN_NN_ACT_GELU_ERF: return 0.5f * v * (1.f + erff(v * 0.70710678118654752440f));
+    case KRN_NN_ACT_GELU_TANH: return 0.5f * v * (1.f + tanhf(0.79788456080286535588f * (v + 0.044715f * v * v * v)));
+    case KRN_NN_ACT_ELU: return v >= 0.f ? v : al * (expf(v) - 1.f);
+    case KRN_NN_ACT_SWISH: return v / (1.f + expf(-al * v));
+    case KRN_NN_ACT_HARD_SWISH: {
+        float h = v / 6.f + 0.5f;
+        return v * (h < 0.f ? 0.f : h > 1.f ? 1.f : h);
+    }
+    default: return v;
+    }
+}
+#endif
+
 /* Grid for n elements with `threads` per block, capped (kernels loop with a grid stride). */
 static inline unsigned cuda_grid(long long n, int threads) {
     long long b = (n + threads - 1) / threads;

@@ -489,28 +489,6 @@ typedef struct qz_epi_args {
     int64_t coff, ybs, yld, ohw, ych;
 } qz_epi_args;
 
-/* The CPU's krn_act1_f32 (kernels/cpu/dnnl.c KRN_ACT_BODY), term for term. */
-__device__ __forceinline__ float qz_act(float v, int kind, float al, float be) {
-    switch (kind) {
-    case KRN_NN_ACT_RELU: return v > 0.f ? v : v * al;
-    case KRN_NN_ACT_CLIP: return v < al ? al : v > be ? be : v;
-    case KRN_NN_ACT_SIGMOID: return 1.f / (1.f + expf(-v));
-    case KRN_NN_ACT_TANH: return tanhf(v);
-    case KRN_NN_ACT_HARD_SIGMOID: {
-        float h = al * v + be;
-        return h < 0.f ? 0.f : h > 1.f ? 1.f : h;
-    }
-    case KRN_NN_ACT_GELU_ERF: return 0.5f * v * (1.f + erff(v * 0.70710678118654752440f));
-    case KRN_NN_ACT_GELU_TANH: return 0.5f * v * (1.f + tanhf(0.79788456080286535588f * (v + 0.044715f * v * v * v)));
-    case KRN_NN_ACT_ELU: return v >= 0.f ? v : al * (expf(v) - 1.f);
-    case KRN_NN_ACT_SWISH: return v / (1.f + expf(-al * v));
-    case KRN_NN_ACT_HARD_SWISH: {
-        float h = v / 6.f + 0.5f;
-        return v * (h < 0.f ? 0.f : h > 1.f ? 1.f : h);
-    }
-    default: return v;
-    }
-}
 
 /* The output's 32-bit pattern for D element (b, row, col): int32, the 8-bit code, or float bits. */
 __device__ __forceinline__ uint32_t qz_epi_one(const qz_epi_args &e, const int32_t *Db, int64_t b, int64_t row, int64_t col) {
@@ -525,7 +503,7 @@ __device__ __forceinline__ uint32_t qz_epi_one(const qz_epi_args &e, const int32
     float as = e.as[e.asper ? ri : 0], bs = e.bs[e.bsper ? colg : 0];
     if (e.mode == QZ_OUT_F32) {
         float v = __fadd_rn(__fmul_rn((float)a, __fmul_rn(as, bs)), e.fbias ? e.fbias[colg] : 0.f);
-        return __float_as_uint(qz_act(v, e.act, e.act_a, e.act_b));
+        return __float_as_uint(cuda_act(v, e.act, e.act_a, e.act_b));
     }
     float mult = __fdiv_rn(__fmul_rn(as, bs), e.ys[0]);
     int64_t v = (int64_t)a + (e.ibias ? (int64_t)e.ibias[colg] : 0);

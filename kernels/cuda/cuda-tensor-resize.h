@@ -7,95 +7,12 @@
 #ifndef KRN_CUDA_TENSOR_RESIZE_H
 #define KRN_CUDA_TENSOR_RESIZE_H
 
+#include "../krn-resize-taps.h"
+
 /* ---- Resize ---- */
 
-/* One output coordinate of one dim: up to 4 taps (source index * stride, weight), as tensor-resize.c builds them. */
-struct ts_tap {
-    int64_t off[4];
-    double w[4];
-    int n;
-    int outside;
-};
-
-/* tensor-resize.c krn_resize_coord_of, on the host, so coordinates are the CPU's doubles. */
-static double ts_resize_coord(const krn_resize_params *p, double xo, double scale, int64_t in, double out, double rs,
-                              double re) {
-    switch (p->coord) {
-    case KRN_COORD_ASYMMETRIC: return xo / scale;
-    case KRN_COORD_PYTORCH_HALF_PIXEL: return out > 1 ? (xo + 0.5) / scale - 0.5 : 0.0;
-    case KRN_COORD_ALIGN_CORNERS: return out == 1 ? 0.0 : xo * (double)(in - 1) / (out - 1);
-    case KRN_COORD_TF_HALF_PIXEL_FOR_NN: return (xo + 0.5) / scale;
-    case KRN_COORD_TF_CROP_AND_RESIZE:
-        return out > 1 ? rs * (double)(in - 1) + xo * (re - rs) * (double)(in - 1) / (out - 1)
-                       : 0.5 * (rs + re) * (double)(in - 1);
-    case KRN_COORD_HALF_PIXEL_SYMMETRIC: {
-        double adj = out / (scale * (double)in), center = (double)in / 2;
-        return center * (1 - adj) + (xo + 0.5) / scale - 0.5;
-    }
-    default: return (xo + 0.5) / scale - 0.5;
-    }
-}
-
-static int64_t ts_clamp_idx(int64_t i, int64_t n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
-
-/* tensor-resize.c krn_make_taps. */
-static void ts_make_taps(const krn_resize_params *p, double x, int64_t in, int64_t stride, ts_tap *t) {
-    t->n = 0;
-    if (p->mode == KRN_RESIZE_NEAREST) {
-        double f = floor(x), r;
-        switch (p->nearest) {
-        case KRN_NEAREST_ROUND_PREFER_CEIL: r = (x - f == 0.5) ? f + 1 : round(x); break;
-        case KRN_NEAREST_FLOOR: r = f; break;
-        case KRN_NEAREST_CEIL: r = ceil(x); break;
-        default: r = (x - f == 0.5) ? f : round(x); break;
-        }
-        t->off[0] = ts_clamp_idx((int64_t)r, in) * stride;
-        t->w[0] = 1.0;
-        t->n = 1;
-        return;
-    }
-    if (p->mode == KRN_RESIZE_LINEAR) {
-        double xc = x < 0 ? 0 : (x > (double)(in - 1) ? (double)(in - 1) : x);
-        int64_t i0 = (int64_t)floor(xc), i1 = i0 + 1 < in ? i0 + 1 : in - 1;
-        double w1 = xc - (double)i0;
-        if (i1 == i0 || w1 == 0) {
-            t->off[0] = i0 * stride;
-            t->w[0] = 1.0;
-            t->n = 1;
-        } else {
-            t->off[0] = i0 * stride;
-            t->w[0] = 1.0 - w1;
-            t->off[1] = i1 * stride;
-            t->w[1] = w1;
-            t->n = 2;
-        }
-        return;
-    }
-    double A = p->cubic_a, f = floor(x), s = x - f, cf[4], sum = 0;
-    double d0 = s + 1, d1 = s, d2 = 1 - s, d3 = 2 - s;
-    cf[0] = ((A * d0 - 5 * A) * d0 + 8 * A) * d0 - 4 * A;
-    cf[1] = ((A + 2) * d1 - (A + 3)) * d1 * d1 + 1;
-    cf[2] = ((A + 2) * d2 - (A + 3)) * d2 * d2 + 1;
-    cf[3] = ((A * d3 - 5 * A) * d3 + 8 * A) * d3 - 4 * A;
-    int64_t base = (int64_t)f - 1;
-    for (int k = 0; k < 4; k++) {
-        int64_t i = base + k;
-        if (p->exclude_outside && (i < 0 || i >= in)) cf[k] = 0;
-        sum += cf[k];
-    }
-    for (int k = 0; k < 4; k++) {
-        double w = p->exclude_outside && sum != 0 ? cf[k] / sum : cf[k];
-        if (w == 0) continue;
-        t->off[t->n] = ts_clamp_idx(base + k, in) * stride;
-        t->w[t->n] = w;
-        t->n++;
-    }
-    if (t->n == 0) {
-        t->off[0] = ts_clamp_idx((int64_t)f, in) * stride;
-        t->w[0] = 0;
-        t->n = 1;
-    }
-}
+/* The taps (kernels/krn-resize-taps.h, shared with the CPU kernel): built on the host in init. */
+typedef krn_tap ts_tap;
 
 struct ts_resize_args {
     int r;
@@ -224,10 +141,10 @@ static eng_status ts_resize_init(krn_call *c) {
     for (int d = 0; d < r; d++)
         for (int64_t i = 0; i < o->dims[d]; i++, k++) {
             ts_tap *t = &taps[k];
-            double xo = ts_resize_coord(p, (double)i, p->scales[d], x->dims[d], (double)x->dims[d] * p->scales[d],
+            double xo = krn_resize_coord_of(p, (double)i, p->scales[d], x->dims[d], (double)x->dims[d] * p->scales[d],
                                         p->roi[d], p->roi[r + d]);
             t->outside = p->coord == KRN_COORD_TF_CROP_AND_RESIZE && (xo < 0 || xo > (double)(x->dims[d] - 1));
-            ts_make_taps(p, xo, x->dims[d], xst[d], t);
+            krn_make_taps(p, xo, x->dims[d], xst[d], t);
         }
     ENG_TRY(cuda_mem_alloc(st->device, nb, &st->dbuf));
     CUDA_TRY("resize", cudaMemcpyAsync(st->dbuf, taps, nb, cudaMemcpyHostToDevice, CUDA_CTX(c)->stream));
