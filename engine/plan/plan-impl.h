@@ -86,7 +86,8 @@ void plan_lifetimes(const eng_plan *p, int *first, int *last);
 typedef struct plan_buf { int root; size_t size, off; int first, last; } plan_buf;
 size_t plan_pack(plan_buf *bufs, int nb);
 size_t plan_value_size(const eng_plan *p, int v);
-const char *plan_node_label(const eng_node *n, char *buf, size_t len);
+/* "node 'name' (Op): " for messages; an unnamed node by the value it writes. */
+const char *plan_node_label(const eng_graph *g, const eng_node *n, char *buf, size_t len);
 
 /* plan-precision.c: choose each step's compute dtype and the activations stored in the reduced one (bf16 / fp16
  * plans), after shape inference and folding, before memory planning. */

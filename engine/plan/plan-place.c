@@ -339,7 +339,7 @@ eng_status plan_place_run(eng_plan *p) {
             p->prof_ms[si] += now_ms() - t0;
         }
         if (s->on_dev) pending = 1;
-        if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
+        if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
     }
     if (st == ENG_STATUS_OK) st = run_xfers(p, p->nsteps, &xi, &pending);
     /* always drain the stream: after a failure too, queued work must not outlive this run's buffers */
@@ -357,7 +357,7 @@ eng_status plan_place_run(eng_plan *p) {
         krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = outs, .nout = n->nout, .state = s->state,
                       .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute, .ctx = p->ctx};
         st = s->kernel->check(&c);
-        if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
+        if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
     }
     return st;
 }

@@ -42,9 +42,12 @@ static eng_status plan_own(eng_plan *p, void *buf) {
     return ENG_STATUS_OK;
 }
 
-const char *plan_node_label(const eng_node *n, char *buf, size_t len) {
-    snprintf(buf, len, "node '%s' (%s%s%s): ", n->name, n->domain[0] ? n->domain : "", n->domain[0] ? "." : "",
-             n->op_type);
+const char *plan_node_label(const eng_graph *g, const eng_node *n, char *buf, size_t len) {
+    const char *dom = n->domain[0] ? n->domain : "", *dot = n->domain[0] ? "." : "";
+    if (n->name && n->name[0]) snprintf(buf, len, "node '%s' (%s%s%s): ", n->name, dom, dot, n->op_type);
+    else if (n->nout > 0 && n->outputs[0] >= 0) /* ONNX allows unnamed nodes: name its first output instead */
+        snprintf(buf, len, "node (%s%s%s) writing '%s': ", dom, dot, n->op_type, g->values[n->outputs[0]].name);
+    else snprintf(buf, len, "node #%d (%s%s%s): ", (int)(n - g->nodes), dom, dot, n->op_type);
     return buf;
 }
 
@@ -294,7 +297,7 @@ static eng_status init_steps(eng_plan *p) {
                       .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute,
                       .ctx = s->on_dev ? p->ctx : NULL};
         eng_status st = s->kernel->init(&c);
-        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
+        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
         s->state = c.state;
         s->inited = 1;
         step_describe(g, s, &c);
@@ -359,12 +362,12 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
         const eng_node *n = &g->nodes[order[oi]];
         if (n->nin > ENG_OP_MAX_IO || n->nout > ENG_OP_MAX_IO) {
             st = eng_err(ENG_STATUS_UNSUPPORTED, "%s%d inputs / %d outputs exceed the limit of %d",
-                         plan_node_label(n, lb, sizeof lb), n->nin, n->nout, ENG_OP_MAX_IO);
+                         plan_node_label(g, n, lb, sizeof lb), n->nin, n->nout, ENG_OP_MAX_IO);
             goto fail;
         }
         const eng_op_def *d = eng_op_find(n->domain, n->op_type);
         if (!d) {
-            st = eng_err(ENG_STATUS_UNSUPPORTED, "%sop '%s'%s%s%s is not supported", plan_node_label(n, lb, sizeof lb),
+            st = eng_err(ENG_STATUS_UNSUPPORTED, "%sop '%s'%s%s%s is not supported", plan_node_label(g, n, lb, sizeof lb),
                          n->op_type, n->domain[0] ? " of domain '" : "", n->domain, n->domain[0] ? "'" : "");
             goto fail;
         }
@@ -377,12 +380,12 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
             s->kernel = krn_backend_find(p->dev ? krn_backend_cpu() : plan_backend(p), d->kernel);
             if (p->dev) s->dev_kernel = krn_backend_find(p->dev, d->kernel);
             if (!s->kernel) {
-                st = eng_err(ENG_STATUS_UNSUPPORTED, "%sbackend '%s' has no kernel '%s'", plan_node_label(n, lb, sizeof lb),
+                st = eng_err(ENG_STATUS_UNSUPPORTED, "%sbackend '%s' has no kernel '%s'", plan_node_label(g, n, lb, sizeof lb),
                              krn_backend_name(plan_backend(p)), d->kernel);
                 goto fail;
             }
         } else if (!(d->flags & ENG_OP_ALIAS)) {
-            st = eng_err(ENG_STATUS_INTERNAL, "%sop definition has no kernel", plan_node_label(n, lb, sizeof lb));
+            st = eng_err(ENG_STATUS_INTERNAL, "%sop definition has no kernel", plan_node_label(g, n, lb, sizeof lb));
             goto fail;
         }
         ctx_fill(p, n, in, outs);
@@ -391,7 +394,7 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
             st = d->prepare(&c);
             s->params = c.params;
             if (st != ENG_STATUS_OK) {
-                eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
+                eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
                 free_params(d, s->params);
                 s->params = NULL;
                 goto fail;
@@ -413,13 +416,13 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
         }
         if (st == ENG_STATUS_OK) st = check_outputs(n, outs, n->nout);
         if (st != ENG_STATUS_OK) {
-            eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
+            eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
             goto fail;
         }
         if (node_is_foldable(p, n, d)) {
             st = fold_node(p, s, n, in, outs);
             if (st != ENG_STATUS_OK) {
-                eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
+                eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
                 goto fail;
             }
             free_params(d, s->params);
@@ -571,7 +574,7 @@ static eng_status run_dynamic(eng_plan *p) {
             if (s->def->flags & ENG_OP_ALIAS) memcpy(outs[0].data, in[0].data, eng_tensor_nbytes(&outs[0]));
             else st = run_kernel_once(g, s, s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
         }
-        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
+        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
         for (int i = 0; i < n->nin; i++) dyn_release(p, n->inputs[i]);
     }
     return ENG_STATUS_OK;
@@ -608,7 +611,7 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
             double t0 = p->prof_ms ? plan_now_ms() : 0;
             eng_status st = s->kernel->exec(&c);
             if (p->prof_ms) p->prof_ms[si] += plan_now_ms() - t0;
-            if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(n, lb, sizeof lb));
+            if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
         }
     }
     for (int i = 0; i < g->noutputs; i++) {

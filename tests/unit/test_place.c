@@ -134,6 +134,25 @@ Test(place, a_kernel_failing_inside_a_run_fails_that_run_only) {
     eng_graph_free(&g);
 }
 
+Test(place, an_unnamed_node_is_named_by_the_value_it_writes) {
+    eng_graph *g = mlp();
+    for (int i = 0; i < g->nnodes; i++)
+        if (!strcmp(g->nodes[i].op_type, "Softmax")) g->nodes[i].name[0] = 0; /* ONNX allows unnamed nodes */
+    float x[B * K];
+    feed(x);
+    eng_tensor in = {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {B, K}, .data = x}, out[2];
+    eng_plan_opts o = {.backend = krn_backend_sim(), .nthreads = 1};
+    eng_plan *p = NULL;
+    cr_assert_eq(eng_plan_new(g, &o, &in, &p), ENG_STATUS_OK, "%s", eng_last_error());
+    setenv("TENSORD_SIM_FAIL_KERNEL", "softmax", 1);
+    eng_status s = eng_plan_run(p, &in, out);
+    unsetenv("TENSORD_SIM_FAIL_KERNEL");
+    cr_assert_eq(s, ENG_STATUS_INTERNAL);
+    cr_assert(strstr(eng_last_error(), "node (Softmax) writing 'y': "), "%s", eng_last_error());
+    eng_plan_free(&p);
+    eng_graph_free(&g);
+}
+
 Test(place, sessions_take_a_device_and_skip_cpu_layouts) {
     eng_session_opts so = {.backend = krn_backend_sim(), .nthreads = 1};
     eng_session *s = NULL;
