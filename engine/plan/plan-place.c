@@ -133,6 +133,16 @@ eng_status plan_place(eng_plan *p) {
         for (int i = 0; i < n->nout; i++)
             if (n->outputs[i] >= 0 && p->root[n->outputs[i]] == n->outputs[i]) p->loc[n->outputs[i]] = 1;
     }
+    int resident = 0; /* device-resident inputs live on the device from the start */
+    for (int i = 0; i < g->ninputs; i++)
+        if (p->opts.dev_inputs && p->opts.dev_inputs[i] && p->kind[g->inputs[i]] == VAL_INPUT) {
+            p->loc[g->inputs[i]] = 1;
+            resident = 1;
+        }
+    for (int i = 0; p->opts.dev_outputs && i < g->noutputs; i++) resident |= p->opts.dev_outputs[i];
+    if (resident && !p->dev_steps)
+        return eng_err(ENG_STATUS_UNSUPPORTED, "device-resident inputs or outputs on %s:%d, but no step of this plan runs "
+                       "there", krn_backend_name(p->dev), p->device);
     if (!p->dev_steps) return ENG_STATUS_OK;
     /* mirrors: the first and last step that reads each root on the side it does not live on */
     for (int si = 0; si < p->nsteps; si++) {
@@ -148,11 +158,15 @@ eng_status plan_place(eng_plan *p) {
             p->mirror_last[r] = si;
         }
     }
-    /* graph outputs computed on the device come back after the last step (or are already mirrored for a CPU
-     * reader, from that reader on) */
+    /* graph outputs wanted on the other side (host, unless dev_outputs says device) are copied after the last step
+     * (or are already mirrored for a reader on that side, from that reader on) */
     for (int i = 0; i < g->noutputs; i++) {
         int r = p->root[g->outputs[i]];
-        if (!p->loc[r]) continue;
+        int want = p->opts.dev_outputs && p->opts.dev_outputs[i];
+        if (p->loc[r] == want) continue;
+        if (want && p->kind[r] != VAL_ARENA && p->kind[r] != VAL_INPUT)
+            return eng_err(ENG_STATUS_UNSUPPORTED, "output '%s' is a constant of the graph: it cannot be returned in "
+                           "device memory", g->values[g->outputs[i]].name);
         if (p->mirror_first[r] < 0) p->mirror_first[r] = p->nsteps;
         p->mirror_last[r] = p->nsteps + 1;
     }

@@ -461,6 +461,14 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
             goto fail;
         }
     }
+    int resident = 0;
+    for (int i = 0; p->opts.dev_inputs && i < g->ninputs; i++) resident |= p->opts.dev_inputs[i];
+    for (int i = 0; p->opts.dev_outputs && i < g->noutputs; i++) resident |= p->opts.dev_outputs[i];
+    if (resident && (!p->dev || p->dynamic)) {
+        st = eng_err(ENG_STATUS_UNSUPPORTED, "device-resident inputs or outputs need a plan on a device backend with "
+                     "shapes fixed at plan time (%s)", p->dev ? "this plan's shapes depend on runtime values" : "none given");
+        goto fail;
+    }
     if (p->dev && p->dynamic) {
         static int said;
         if (!said++)
@@ -617,7 +625,8 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
     for (int i = 0; i < g->noutputs; i++) {
         outputs[i] = p->vals[g->outputs[i]];
         int r = p->root[g->outputs[i]];
-        if (p->dev_steps && p->loc[r]) outputs[i].data = p->mirror[r]; /* copied back after the last step */
+        int want = p->opts.dev_outputs && p->opts.dev_outputs[i];
+        if (p->dev_steps && p->loc[r] != want) outputs[i].data = p->mirror[r]; /* copied after the last step */
     }
     p->prof_runs++;
     return ENG_STATUS_OK;

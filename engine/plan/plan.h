@@ -69,6 +69,12 @@ typedef struct eng_plan_opts {
                                     * layer in mixed-precision training; must outlive the plan */
     int nfp32_nodes;
     eng_dev_consts *dev_consts; /* device plans: shared weights (NULL: the plan uploads its own copy) */
+    /* Device plans: device-resident inputs and outputs (a trainer's weights and gradients stay on the device). By
+     * graph input / output index, 1: that input's data is memory of the plan's backend and device (no copy in); that
+     * output is returned in device memory, valid until the next run (no copy out). NULL: every input and output in
+     * host memory. A plan with such an input or output needs static shapes and at least one step on the device. */
+    const unsigned char *dev_inputs;
+    const unsigned char *dev_outputs;
 } eng_plan_opts;
 
 typedef struct eng_plan eng_plan;

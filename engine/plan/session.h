@@ -22,6 +22,8 @@ typedef struct eng_session_opts {
     const char *const *fp32_nodes; /* reduced precision: nodes kept fp32 (eng_plan_opts); must outlive the session */
     int nfp32_nodes;
     int max_plans;       /* <= 0: 16 */
+    const unsigned char *dev_inputs;  /* device sessions: eng_plan_opts.dev_inputs / dev_outputs (by graph input /   */
+    const unsigned char *dev_outputs; /* output index); must outlive the session                                     */
 } eng_session_opts;
 
 typedef struct eng_session eng_session;

@@ -127,6 +127,16 @@ typedef struct trn_ctx {
     /* sessions */
     int R;
     trn_replica *reps;
+    /* Device-resident training (one replica on a device backend in one process, no loss scaling): the weights, the
+     * gradients and the optimizer state stay on the device, the session reading and writing them there
+     * (eng_session_opts.dev_inputs / dev_outputs) and the update running as a kernel (eng_optim_apply_on). The host
+     * copies (trn_param.w) are brought up to date by trn_weights_to_host before host code reads them (validation,
+     * checkpoints, keep_best, the version) and pushed back by trn_weights_to_device after a resume. */
+    const krn_backend *dev;
+    krn_ctx *dev_ctx;
+    void **dev_w;                    /* per param, p->n floats on the device */
+    unsigned char *dev_in, *dev_out; /* the training session's masks (by graph input / output) */
+    int dev_dirty;                   /* the device weights changed since the last trn_weights_to_host */
     eng_comm *comm;         /* the R local replicas (threads) */
     eng_comm *world;        /* the processes of a multi-process job (o->world), NULL alone */
     int W, wrank;           /* world size (1 alone) and this process's rank */
@@ -154,6 +164,8 @@ eng_status trn_replace_head(eng_graph *g, int64_t classes, uint64_t seed);
 /* train-loop.c */
 eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt);
 void trn_replicas_free(trn_ctx *c);
+eng_status trn_weights_to_host(trn_ctx *c);
+eng_status trn_weights_to_device(trn_ctx *c);
 /* Run one batch through the replicas; on return loss/accuracy hold the batch means and the optimizer has been
  * applied. */
 eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc);

@@ -95,6 +95,47 @@ eng_status trn_replica_device(const eng_train_opts *o, int r, eng_session_opts *
     return st == ENG_STATUS_OK ? st : eng_err_prefix(st, "replica %d: ", r);
 }
 
+/* Device-resident mode (train-impl.h): the masks for the training graph gt, the device copies of the weights. */
+static eng_status dev_resident_new(trn_ctx *c, const eng_graph *gt, eng_session_opts *so) {
+    c->dev = so->backend;
+    c->dev_in = calloc((size_t)gt->ninputs + 1, 1);
+    c->dev_out = calloc((size_t)gt->noutputs + 1, 1);
+    c->dev_w = calloc((size_t)c->nparams + 1, sizeof *c->dev_w);
+    if (!c->dev_in || !c->dev_out || !c->dev_w) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < gt->ninputs; i++)
+        for (int k = 0; k < c->nparams; k++)
+            if (strcmp(gt->values[gt->inputs[i]].name, c->params[k].name) == 0) c->dev_in[i] = 1;
+    for (int k = 0; k < c->nparams; k++)
+        if (c->params[k].out >= 0) c->dev_out[c->params[k].out] = 1;
+    so->dev_inputs = c->dev_in;
+    so->dev_outputs = c->dev_out;
+    ENG_TRY(krn_ctx_new(c->dev, so->device, &c->dev_ctx));
+    for (int k = 0; k < c->nparams; k++) {
+        eng_status st = krn_buf_alloc(c->dev, c->dev_ctx, (size_t)(c->params[k].n > 0 ? c->params[k].n : 1) * sizeof(float),
+                                      &c->dev_w[k]);
+        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "weight '%s': ", c->params[k].name);
+    }
+    return trn_weights_to_device(c);
+}
+
+eng_status trn_weights_to_device(trn_ctx *c) {
+    if (!c->dev) return ENG_STATUS_OK;
+    for (int k = 0; k < c->nparams; k++)
+        ENG_TRY(krn_buf_set(c->dev, c->dev_ctx, c->dev_w[k], c->params[k].w, (size_t)c->params[k].n * sizeof(float)));
+    ENG_TRY(krn_ctx_sync(c->dev, c->dev_ctx));
+    c->dev_dirty = 0;
+    return ENG_STATUS_OK;
+}
+
+eng_status trn_weights_to_host(trn_ctx *c) {
+    if (!c->dev || !c->dev_dirty) return ENG_STATUS_OK;
+    for (int k = 0; k < c->nparams; k++)
+        ENG_TRY(krn_buf_get(c->dev, c->dev_ctx, c->params[k].w, c->dev_w[k], (size_t)c->params[k].n * sizeof(float)));
+    ENG_TRY(krn_ctx_sync(c->dev, c->dev_ctx));
+    c->dev_dirty = 0;
+    return ENG_STATUS_OK;
+}
+
 eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
     c->reps = calloc((size_t)c->R, sizeof *c->reps);
     if (!c->reps) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -127,6 +168,9 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
         so.fp32_nodes = (const char *const *)c->fp32_train.names;
         so.nfp32_nodes = c->fp32_train.n;
     }
+    ENG_TRY(trn_replica_device(c->o, 0, &so));
+    if (c->R == 1 && c->W == 1 && so.backend && !krn_backend_is_host(so.backend) && c->ls.mode == ENG_LOSS_SCALE_NONE)
+        ENG_TRY(dev_resident_new(c, gt, &so));
     for (int r = 0; r < c->R; r++) {
         trn_replica *rp = &c->reps[r];
         rp->c = c;
@@ -136,6 +180,7 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
         if (!g) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory cloning the training graph");
         ENG_TRY(eng_session_new_graph(g, &so, &rp->s));
         ENG_TRY(feed_init(c, 1, &rp->nfeed, &rp->names, &rp->feed));
+        for (int i = 0; c->dev && i < c->nparams; i++) rp->feed[c->ninputs + 1 + i].data = c->dev_w[i];
         rp->outs = calloc((size_t)gt->noutputs + 1, sizeof *rp->outs);
         rp->pack = eng_alloc((size_t)c->pack_n * sizeof(float));
         if (!rp->outs || !rp->pack) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -148,6 +193,17 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
 }
 
 void trn_replicas_free(trn_ctx *c) {
+    if (c->dev) { /* the optimizer, whose state may live on this context, is freed first (train.c ctx_free) */
+        if (c->dev_ctx) (void)krn_ctx_sync(c->dev, c->dev_ctx);
+        for (int k = 0; c->dev_w && k < c->nparams; k++) krn_buf_free(c->dev, c->dev_ctx, c->dev_w[k]);
+        krn_ctx_free(c->dev, &c->dev_ctx);
+        free(c->dev_w);
+        free(c->dev_in);
+        free(c->dev_out);
+        c->dev_w = NULL;
+        c->dev_in = c->dev_out = NULL;
+        c->dev = NULL;
+    }
     if (!c->reps) return;
     for (int r = 0; r < c->R; r++) {
         trn_replica *rp = &c->reps[r];
@@ -257,12 +313,21 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         trn_param *p = &c->params[i];
         const float *src = r0->direct ? (p->out >= 0 ? (const float *)r0->outs[p->out].data : NULL) : pack + p->off;
         if (p->is_bn) {
-            if (p->out >= 0) memcpy(p->w, src, (size_t)p->n * sizeof(float));
+            if (p->out < 0) continue;
+            if (c->dev) ENG_TRY(krn_buf_copy(c->dev, c->dev_ctx, c->dev_w[i], src, (size_t)p->n * sizeof(float)));
+            else memcpy(p->w, src, (size_t)p->n * sizeof(float));
         } else {
             grads[i] = (float *)src;
-            params[i] = p->w;
+            params[i] = c->dev ? (float *)c->dev_w[i] : p->w;
             ns[i] = p->n;
         }
+    }
+    if (c->dev) { /* device-resident: the update is a kernel on the device copies (no loss scaling here) */
+        int applied = 0;
+        c->dev_dirty = 1;
+        st = eng_optim_apply_on(c->optim, c->dev, c->dev_ctx, params, (const float *const *)grads, &applied);
+        if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, c->dev_ctx); /* the next step's plan reads them */
+        return st;
     }
     double scale = c->ls.scale;
     int go = eng_loss_scaler_step(&c->ls, grads, ns, c->ntrain);
@@ -280,6 +345,7 @@ eng_status trn_validate(trn_ctx *c, double *loss, double *acc) {
     *loss = NAN;
     *acc = NAN;
     if (!c->val || !c->eval) return ENG_STATUS_OK;
+    ENG_TRY(trn_weights_to_host(c)); /* the eval session reads the host copies */
     eng_loader_opts lo = {.batch_size = c->o->batch_size, .shuffle = 0, .seed = 0, .drop_remainder = 0, .prefetch = 0};
     eng_loader *l = NULL;
     ENG_TRY(eng_loader_new(c->val, &lo, &l));

@@ -369,6 +369,7 @@ static eng_status build(trn_ctx *c) {
 
 static eng_status write_ckpt(trn_ctx *c) {
     if (c->wrank != 0) return ENG_STATUS_OK; /* rank 0 writes for the job */
+    ENG_TRY(trn_weights_to_host(c));
     if (mkdir(c->ckpt_dir, 0755) != 0 && errno != EEXIST)
         return eng_err(ENG_STATUS_IO, "cannot create checkpoint directory '%s': %s", c->ckpt_dir, strerror(errno));
     int nt = c->nparams * (c->o->keep_best ? 2 : 1);
@@ -632,13 +633,13 @@ static eng_status loop(trn_ctx *c) {
 }
 
 static void ctx_free(trn_ctx *c) {
+    eng_optim_free(&c->optim); /* before the replicas: its state may live on their device context */
     trn_replicas_free(c);
     eng_session_free(&c->eval);
     trn_fp32_nodes_free(&c->fp32_train);
     trn_fp32_nodes_free(&c->fp32_eval);
     eng_comm_free(&c->comm);
     eng_loader_free(&c->loader);
-    eng_optim_free(&c->optim);
     eng_dataset_free(&c->train);
     eng_dataset_free(&c->val);
     for (int i = 0; c->params && i < c->nparams; i++) {
@@ -698,6 +699,7 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
     c.eval_acc_out = -1;
     eng_status st = build(&c);
     if (st == ENG_STATUS_OK && o->resume) st = resume(&c);
+    if (st == ENG_STATUS_OK && o->resume) st = trn_weights_to_device(&c); /* the checkpoint's weights */
     if (st == ENG_STATUS_OK && cancelled(&c)) st = cancel_now(&c);
     if (st == ENG_STATUS_OK && c.wrank == 0) {
         char logdir[4400];
@@ -713,7 +715,8 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
     if (st == ENG_STATUS_OK) {
         eng_status s2 = eng_tfevents_close(&c.tb);
         if (s2 != ENG_STATUS_OK && o->progress) fprintf(stderr, "warning: %s\n", eng_last_error());
-        if (c.wrank == 0) st = trn_write_version(&c, res);
+        if (c.wrank == 0) st = trn_weights_to_host(&c);
+        if (st == ENG_STATUS_OK && c.wrank == 0) st = trn_write_version(&c, res);
         else res->version = c.new_version; /* rank 0 writes it */
     }
     if (st == ENG_STATUS_OK) {

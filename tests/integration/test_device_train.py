@@ -6,8 +6,12 @@ copies and failure modes, the CPU's kernels for a subset of ops; no GPU here).
 - A kernel launch failure inside a training step (TENSORD_SIM_FAIL_KERNEL) fails the job with the reason, the node
   and the step's kernel named, and no version is written.
 - A device that is not there (cuda:0 on a machine without a GPU; sim:7 of 2) is refused before training, naming it.
+- One replica on a device keeps its weights, gradients and optimizer state on the device (no weight copies per
+  step), and a run resumed from a checkpoint ends at the uninterrupted run's weights.
 """
 import os
+import re
+import shutil
 import subprocess
 
 import numpy as np
@@ -85,3 +89,36 @@ def test_devices_that_are_not_there_are_refused_before_training(tensord_bin, set
     assert cp.returncode != 0
     assert why in cp.stdout + cp.stderr and dev.split(":")[0] in cp.stdout + cp.stderr
     assert not (base / "2").exists()
+
+
+def plan_copies(stderr):
+    """Copies per run of the first training plan the log names ('N copies, B bytes per run')."""
+    m = re.search(r"plan on sim:\d: .*?; (\d+) copies, (\d+) bytes per run", stderr)
+    assert m, stderr
+    return int(m.group(1))
+
+
+def test_one_device_keeps_weights_and_optimizer_on_the_device(tensord_bin, setup):
+    """One replica on a device: the weights are read and the gradients written in device memory and the update runs
+    as a kernel there, so a training step copies only the batch and the loss (the two-replica host path also copies
+    every weight in and every gradient out); a run stopped mid-way and resumed from its checkpoint (device weights
+    brought back to the host for it, and pushed back after the resume) ends at the uninterrupted run's weights."""
+    base, data = setup
+    one = train(tensord_bin, base, data, 2, ("--devices", "sim:0", "--val-split", "0.1"))
+    two = train(tensord_bin, base, data, 3, ("--devices", "sim:0,sim:1", "--val-split", "0.1"))
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    ntensors = len(weights(base, 1))
+    assert plan_copies(two.stderr) - plan_copies(one.stderr) == 2 * ntensors, one.stderr + two.stderr
+    # stop after 7 updates (mid epoch 1 of 2), then resume into a copy of the tree
+    stop = train(tensord_bin, base, data, 4, ("--devices", "sim:0", "--val-split", "0.1", "--max-steps", "7",
+                                              "--checkpoint-every", "3"))
+    assert stop.returncode == 0, stop.stderr
+    ck = base / ".train-4"
+    assert (ck / "ckpt-7.bin").is_file(), list(ck.iterdir())
+    other = base.parent / "m2"
+    other.mkdir()
+    shutil.copytree(base / "1", other / "1")
+    shutil.copytree(ck, other / ".train-4")
+    res = train(tensord_bin, other, data, 4, ("--devices", "sim:0", "--val-split", "0.1", "--resume"))
+    assert res.returncode == 0, res.stderr
+    close(weights(base, 2), weights(other, 4))

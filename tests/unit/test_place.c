@@ -192,6 +192,56 @@ Test(place, a_sessions_plans_share_its_weights_on_the_device) {
     cr_assert_eq(fr, tot, "%zu device bytes left after the session", tot - fr);
 }
 
+Test(place, device_resident_inputs_and_outputs_skip_the_copies) {
+    eng_graph *g = mlp();
+    int W = eng_graph_find_value(g, "W");
+    list_add(&g->inputs, &g->ninputs, W); /* the weight is fed, in device memory, as a trainer feeds its weights */
+    float y0[B * H], r0[B * H], xr[B * K];
+    feed(xr);
+    { /* the reference: the same graph on the CPU, the weight fed from host memory */
+        eng_tensor hin[2] = {{.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {B, K}, .data = xr}, *g->values[W].init}, hout[2];
+        eng_plan_opts ho = {.nthreads = 1};
+        eng_plan *hp = NULL;
+        cr_assert_eq(eng_plan_new(g, &ho, hin, &hp), ENG_STATUS_OK, "%s", eng_last_error());
+        cr_assert_eq(eng_plan_run(hp, hin, hout), ENG_STATUS_OK, "%s", eng_last_error());
+        memcpy(y0, hout[0].data, sizeof y0);
+        memcpy(r0, hout[1].data, sizeof r0);
+        eng_plan_free(&hp);
+    }
+    const krn_backend *b = krn_backend_sim();
+    krn_ctx *ctx = NULL;
+    cr_assert_eq(krn_ctx_new(b, 0, &ctx), ENG_STATUS_OK);
+    void *dW;
+    size_t wb = eng_tensor_nbytes(g->values[W].init);
+    cr_assert_eq(krn_buf_alloc(b, ctx, wb, &dW), ENG_STATUS_OK);
+    cr_assert_eq(krn_buf_set(b, ctx, dW, g->values[W].init->data, wb), ENG_STATUS_OK);
+    float x[B * K];
+    feed(x);
+    eng_tensor in[2] = {{.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {B, K}, .data = x},
+                        {.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {K, H}, .data = dW}}, out[2];
+    static const unsigned char din[2] = {0, 1}, dout[2] = {1, 0}; /* y stays on the device, relu comes back */
+    eng_plan_opts o = {.backend = b, .nthreads = 1, .dev_inputs = din, .dev_outputs = dout};
+    eng_plan *p = NULL;
+    cr_assert_eq(eng_plan_new(g, &o, in, &p), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert_eq(eng_plan_run(p, in, out), ENG_STATUS_OK, "%s", eng_last_error());
+    eng_plan_stats st;
+    eng_plan_get_stats(p, &st);
+    cr_assert_eq(st.copies, 4, "copies %d (x up, LayerNorm down and up, relu down)", st.copies);
+    float y[B * H];
+    cr_assert_eq(krn_buf_get(b, ctx, y, out[0].data, sizeof y), ENG_STATUS_OK); /* a device pointer */
+    cr_assert_eq(krn_ctx_sync(b, ctx), ENG_STATUS_OK);
+    cr_assert_eq(memcmp(y, y0, sizeof y), 0);
+    cr_assert_eq(memcmp(out[1].data, r0, sizeof r0), 0);
+    eng_plan_free(&p);
+    /* on the CPU backend, or without a device step, device-resident I/O is refused by name */
+    o.backend = NULL;
+    cr_assert_eq(eng_plan_new(g, &o, in, &p), ENG_STATUS_UNSUPPORTED);
+    cr_assert(strstr(eng_last_error(), "device-resident"), "%s", eng_last_error());
+    krn_buf_free(b, ctx, dW);
+    krn_ctx_free(b, &ctx);
+    eng_graph_free(&g);
+}
+
 Test(place, device_names) {
     const krn_backend *b;
     int dev;
