@@ -12,7 +12,7 @@
 
 /* Bumped whenever this struct changes: the CUDA plugin is built from the same tree, and one built from another is
  * refused at load instead of called through the wrong layout. */
-#define KRN_BACKEND_ABI 2
+#define KRN_BACKEND_ABI 3
 
 struct krn_backend {
     int abi;                         /* KRN_BACKEND_ABI */
@@ -42,6 +42,11 @@ struct krn_backend {
     eng_status (*event_wait)(krn_ctx *c, krn_event *e);
     eng_status (*event_sync)(krn_event *e);
     void (*event_free)(krn_event *e);
+    /* collectives among n ranks of this backend in one process, one per device (CUDA: NCCL, ncclCommInitAll); each
+     * rank calls from its own thread. NULL: this backend has none (replicas then all-reduce through host memory). */
+    eng_status (*comm_new)(int n, const int *devices, krn_comm **out);
+    eng_status (*comm_allreduce)(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
+    void (*comm_free)(krn_comm *cm);
 };
 
 /* The CUDA plugin's one exported symbol (build/libtensord_cuda.so): the backend when the plugin's own checks pass

@@ -146,6 +146,27 @@ void krn_event_free(const krn_backend *b, krn_event **e) {
     *e = NULL;
 }
 
+int krn_backend_has_comm(const krn_backend *b) { return be(b)->comm_new != NULL; }
+
+eng_status krn_comm_new(const krn_backend *b, int n, const int *devices, krn_comm **out) {
+    b = be(b);
+    *out = NULL;
+    if (!b->comm_new) return eng_err(ENG_STATUS_UNSUPPORTED, "backend '%s' has no collectives", b->name);
+    return b->comm_new(n, devices, out);
+}
+
+eng_status krn_comm_allreduce(const krn_backend *b, krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale) {
+    b = be(b);
+    if (!b->comm_allreduce) return eng_err(ENG_STATUS_UNSUPPORTED, "backend '%s' has no collectives", b->name);
+    return b->comm_allreduce(cm, rank, c, buf, n, prescale);
+}
+
+void krn_comm_free(const krn_backend *b, krn_comm **cm) {
+    b = be(b);
+    if (*cm && b->comm_free) b->comm_free(*cm);
+    *cm = NULL;
+}
+
 /* ---- the CUDA plugin ---- */
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;

@@ -126,6 +126,15 @@ eng_status krn_buf_copy(const krn_backend *b, krn_ctx *c, void *dst, const void 
  * record marks the point reached on c; wait makes later work on c wait for it; sync blocks the host. Host
  * backends: no-ops (work is done when the call returns). */
 typedef struct krn_event krn_event;
+/* Collectives on device buffers among n ranks, one per device, in one process (CUDA: NCCL). krn_comm_allreduce, called
+ * by every rank (each from its own thread, with its own context): buf (n floats, rank's device memory) becomes, on
+ * every rank, the sum over ranks of prescale_r * buf_r, summed in rank order where the backend can (deterministic).
+ * Queued on c. UNSUPPORTED when the backend has no collectives. */
+typedef struct krn_comm krn_comm;
+int krn_backend_has_comm(const krn_backend *b);
+eng_status krn_comm_new(const krn_backend *b, int n, const int *devices, krn_comm **out);
+eng_status krn_comm_allreduce(const krn_backend *b, krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
+void krn_comm_free(const krn_backend *b, krn_comm **cm);
 eng_status krn_event_new(const krn_backend *b, krn_ctx *c, krn_event **out);
 eng_status krn_event_record(const krn_backend *b, krn_ctx *c, krn_event *e);
 eng_status krn_event_wait(const krn_backend *b, krn_ctx *c, krn_event *e);

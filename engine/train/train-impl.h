@@ -132,9 +132,8 @@ typedef struct trn_ctx {
      * (eng_session_opts.dev_inputs / dev_outputs) and the update running as a kernel (eng_optim_apply_on). The host
      * copies (trn_param.w) are brought up to date by trn_weights_to_host before host code reads them (validation,
      * checkpoints, keep_best, the version) and pushed back by trn_weights_to_device after a resume. */
-    const krn_backend *dev;
-    krn_ctx *dev_ctx;
-    void **dev_w;                    /* per param, p->n floats on the device */
+    const krn_backend *dev;          /* NULL: the host path */
+    krn_comm *dcomm;                 /* R > 1: the replicas' collective (NCCL on CUDA) */
     unsigned char *dev_in, *dev_out; /* the training session's masks (by graph input / output) */
     int dev_dirty;                   /* the device weights changed since the last trn_weights_to_host */
     eng_comm *comm;         /* the R local replicas (threads) */
@@ -158,12 +157,46 @@ typedef struct trn_ctx {
     int64_t nstep_dt;       /* steps recorded in step_dt (all time; index = n % TRN_RATE_WINDOW) */
 } trn_ctx;
 
+struct trn_replica {
+    trn_ctx *c;
+    int rank;
+    eng_session *s;
+    int nfeed;
+    const char **names;
+    eng_tensor *feed;
+    eng_tensor *outs;
+    float *pack;          /* c->pack_n floats */
+    int loss_out, acc_out;/* output indices (acc -1 when the loss has no accuracy metric) */
+    int direct;           /* R == 1 and rows > 0: trn_step reads grads / BN updates straight from outs (the plan's
+                           * buffers, valid until the next run) instead of copying them into pack */
+    const eng_batch *b;
+    int64_t row0, rows;
+    eng_status st;
+    char err[1024];
+    double loss, acc;     /* device-resident mode: this shard's loss and accuracy (means over its rows) */
+    /* device-resident mode (train-device.c): this replica's context, weights, gradient stand-ins for a step it has
+     * no rows for, and optimizer (rank 0 uses the trainer's) */
+    krn_ctx *dctx;
+    void **dw, **dz;
+    eng_optim *optim;
+};
+
+
 /* train-head.c: --replace-head (see eng_train_opts.replace_head); the graph is unchanged on error. */
 eng_status trn_replace_head(eng_graph *g, int64_t classes, uint64_t seed);
 
 /* train-loop.c */
 eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt);
 void trn_replicas_free(trn_ctx *c);
+/* train-device.c. trn_dev_plan: whether this run trains device-resident (every replica on a device of one backend
+ * with collectives, or one replica; one process; no loss scaling): then sets c->dev and the session masks in so.
+ * trn_dev_alloc (after the replicas' sessions exist): contexts, weights, optimizers, the communicator. trn_dev_update,
+ * in each replica's thread after its run (ok: its gradients are valid): all-reduce gradients and BatchNorm updates
+ * on the device, apply the update there. */
+eng_status trn_dev_plan(trn_ctx *c, const eng_graph *gt, eng_session_opts *so);
+eng_status trn_dev_alloc(trn_ctx *c);
+eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok);
+void trn_dev_free(trn_ctx *c);
 eng_status trn_weights_to_host(trn_ctx *c);
 eng_status trn_weights_to_device(trn_ctx *c);
 /* Run one batch through the replicas; on return loss/accuracy hold the batch means and the optimizer has been

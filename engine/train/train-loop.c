@@ -22,23 +22,6 @@
 
 #include "train-impl.h"
 
-struct trn_replica {
-    trn_ctx *c;
-    int rank;
-    eng_session *s;
-    int nfeed;
-    const char **names;
-    eng_tensor *feed;
-    eng_tensor *outs;
-    float *pack;          /* c->pack_n floats */
-    int loss_out, acc_out;/* output indices (acc -1 when the loss has no accuracy metric) */
-    int direct;           /* R == 1 and rows > 0: trn_step reads grads / BN updates straight from outs (the plan's
-                           * buffers, valid until the next run) instead of copying them into pack */
-    const eng_batch *b;
-    int64_t row0, rows;
-    eng_status st;
-    char err[1024];
-};
 
 double trn_now(void) {
     struct timespec ts;
@@ -95,47 +78,6 @@ eng_status trn_replica_device(const eng_train_opts *o, int r, eng_session_opts *
     return st == ENG_STATUS_OK ? st : eng_err_prefix(st, "replica %d: ", r);
 }
 
-/* Device-resident mode (train-impl.h): the masks for the training graph gt, the device copies of the weights. */
-static eng_status dev_resident_new(trn_ctx *c, const eng_graph *gt, eng_session_opts *so) {
-    c->dev = so->backend;
-    c->dev_in = calloc((size_t)gt->ninputs + 1, 1);
-    c->dev_out = calloc((size_t)gt->noutputs + 1, 1);
-    c->dev_w = calloc((size_t)c->nparams + 1, sizeof *c->dev_w);
-    if (!c->dev_in || !c->dev_out || !c->dev_w) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
-    for (int i = 0; i < gt->ninputs; i++)
-        for (int k = 0; k < c->nparams; k++)
-            if (strcmp(gt->values[gt->inputs[i]].name, c->params[k].name) == 0) c->dev_in[i] = 1;
-    for (int k = 0; k < c->nparams; k++)
-        if (c->params[k].out >= 0) c->dev_out[c->params[k].out] = 1;
-    so->dev_inputs = c->dev_in;
-    so->dev_outputs = c->dev_out;
-    ENG_TRY(krn_ctx_new(c->dev, so->device, &c->dev_ctx));
-    for (int k = 0; k < c->nparams; k++) {
-        eng_status st = krn_buf_alloc(c->dev, c->dev_ctx, (size_t)(c->params[k].n > 0 ? c->params[k].n : 1) * sizeof(float),
-                                      &c->dev_w[k]);
-        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "weight '%s': ", c->params[k].name);
-    }
-    return trn_weights_to_device(c);
-}
-
-eng_status trn_weights_to_device(trn_ctx *c) {
-    if (!c->dev) return ENG_STATUS_OK;
-    for (int k = 0; k < c->nparams; k++)
-        ENG_TRY(krn_buf_set(c->dev, c->dev_ctx, c->dev_w[k], c->params[k].w, (size_t)c->params[k].n * sizeof(float)));
-    ENG_TRY(krn_ctx_sync(c->dev, c->dev_ctx));
-    c->dev_dirty = 0;
-    return ENG_STATUS_OK;
-}
-
-eng_status trn_weights_to_host(trn_ctx *c) {
-    if (!c->dev || !c->dev_dirty) return ENG_STATUS_OK;
-    for (int k = 0; k < c->nparams; k++)
-        ENG_TRY(krn_buf_get(c->dev, c->dev_ctx, c->params[k].w, c->dev_w[k], (size_t)c->params[k].n * sizeof(float)));
-    ENG_TRY(krn_ctx_sync(c->dev, c->dev_ctx));
-    c->dev_dirty = 0;
-    return ENG_STATUS_OK;
-}
-
 eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
     c->reps = calloc((size_t)c->R, sizeof *c->reps);
     if (!c->reps) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -168,9 +110,7 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
         so.fp32_nodes = (const char *const *)c->fp32_train.names;
         so.nfp32_nodes = c->fp32_train.n;
     }
-    ENG_TRY(trn_replica_device(c->o, 0, &so));
-    if (c->R == 1 && c->W == 1 && so.backend && !krn_backend_is_host(so.backend) && c->ls.mode == ENG_LOSS_SCALE_NONE)
-        ENG_TRY(dev_resident_new(c, gt, &so));
+    ENG_TRY(trn_dev_plan(c, gt, &so)); /* device-resident weights (train-device.c): the sessions' masks */
     for (int r = 0; r < c->R; r++) {
         trn_replica *rp = &c->reps[r];
         rp->c = c;
@@ -180,7 +120,6 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
         if (!g) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory cloning the training graph");
         ENG_TRY(eng_session_new_graph(g, &so, &rp->s));
         ENG_TRY(feed_init(c, 1, &rp->nfeed, &rp->names, &rp->feed));
-        for (int i = 0; c->dev && i < c->nparams; i++) rp->feed[c->ninputs + 1 + i].data = c->dev_w[i];
         rp->outs = calloc((size_t)gt->noutputs + 1, sizeof *rp->outs);
         rp->pack = eng_alloc((size_t)c->pack_n * sizeof(float));
         if (!rp->outs || !rp->pack) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -193,17 +132,7 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
 }
 
 void trn_replicas_free(trn_ctx *c) {
-    if (c->dev) { /* the optimizer, whose state may live on this context, is freed first (train.c ctx_free) */
-        if (c->dev_ctx) (void)krn_ctx_sync(c->dev, c->dev_ctx);
-        for (int k = 0; c->dev_w && k < c->nparams; k++) krn_buf_free(c->dev, c->dev_ctx, c->dev_w[k]);
-        krn_ctx_free(c->dev, &c->dev_ctx);
-        free(c->dev_w);
-        free(c->dev_in);
-        free(c->dev_out);
-        c->dev_w = NULL;
-        c->dev_in = c->dev_out = NULL;
-        c->dev = NULL;
-    }
+    trn_dev_free(c); /* after the optimizer (train.c ctx_free): its state may live on rank 0's context */
     if (!c->reps) return;
     for (int r = 0; r < c->R; r++) {
         trn_replica *rp = &c->reps[r];
@@ -217,8 +146,32 @@ void trn_replicas_free(trn_ctx *c) {
     c->reps = NULL;
 }
 
+/* Device-resident mode: run the shard, then (every rank, whatever happened) the device update (train-device.c). */
+static eng_status replica_run_dev(trn_replica *rp) {
+    trn_ctx *c = rp->c;
+    eng_status st = ENG_STATUS_OK;
+    rp->loss = rp->acc = 0;
+    if (rp->rows > 0) {
+        feed_rows(c, rp->feed, rp->b, rp->row0, rp->rows);
+        st = eng_session_run(rp->s, rp->nfeed, rp->names, rp->feed, rp->outs);
+        if (st == ENG_STATUS_OK) {
+            rp->loss = rp->loss_out >= 0 ? eng_tensor_get_f64(&rp->outs[rp->loss_out], 0) : NAN;
+            rp->acc = rp->acc_out >= 0 ? eng_tensor_get_f64(&rp->outs[rp->acc_out], 0) : NAN;
+        }
+    }
+    if (st != ENG_STATUS_OK) snprintf(rp->err, sizeof rp->err, "%s", eng_last_error());
+    eng_status s2 = trn_dev_update(c, rp, st == ENG_STATUS_OK);
+    if (st == ENG_STATUS_OK && s2 != ENG_STATUS_OK) {
+        st = s2;
+        snprintf(rp->err, sizeof rp->err, "%s", eng_last_error());
+    }
+    rp->st = st;
+    return st;
+}
+
 static eng_status replica_run(trn_replica *rp) {
     trn_ctx *c = rp->c;
+    if (c->dev) return replica_run_dev(rp);
     const eng_graph *g = eng_session_graph(rp->s);
     float *pack = rp->pack;
     eng_status st = ENG_STATUS_OK;
@@ -299,6 +252,17 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         if (c->reps[r].st != ENG_STATUS_OK) {
             return eng_err(c->reps[r].st, "%s%s", R > 1 ? "replica: " : "", c->reps[r].err);
         }
+    if (c->dev) { /* each replica has applied the update to its device copy */
+        double l = 0, a = 0;
+        for (int r = 0; r < R; r++) {
+            double share = b->rows > 0 ? (double)c->reps[r].rows / (double)b->rows : 0;
+            if (c->reps[r].rows > 0) l += c->reps[r].loss * share, a += c->reps[r].acc * share;
+        }
+        *loss = l;
+        *acc = a;
+        c->dev_dirty = 1;
+        return ENG_STATUS_OK;
+    }
     const trn_replica *r0 = &c->reps[0];
     float *pack = r0->pack;
     if (c->W > 1) ENG_TRY(eng_comm_allreduce(c->world, c->wrank, pack, c->pack_n, 1));
@@ -313,21 +277,12 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         trn_param *p = &c->params[i];
         const float *src = r0->direct ? (p->out >= 0 ? (const float *)r0->outs[p->out].data : NULL) : pack + p->off;
         if (p->is_bn) {
-            if (p->out < 0) continue;
-            if (c->dev) ENG_TRY(krn_buf_copy(c->dev, c->dev_ctx, c->dev_w[i], src, (size_t)p->n * sizeof(float)));
-            else memcpy(p->w, src, (size_t)p->n * sizeof(float));
+            if (p->out >= 0) memcpy(p->w, src, (size_t)p->n * sizeof(float));
         } else {
             grads[i] = (float *)src;
-            params[i] = c->dev ? (float *)c->dev_w[i] : p->w;
+            params[i] = p->w;
             ns[i] = p->n;
         }
-    }
-    if (c->dev) { /* device-resident: the update is a kernel on the device copies (no loss scaling here) */
-        int applied = 0;
-        c->dev_dirty = 1;
-        st = eng_optim_apply_on(c->optim, c->dev, c->dev_ctx, params, (const float *const *)grads, &applied);
-        if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, c->dev_ctx); /* the next step's plan reads them */
-        return st;
     }
     double scale = c->ls.scale;
     int go = eng_loss_scaler_step(&c->ls, grads, ns, c->ntrain);

@@ -347,6 +347,7 @@ static eng_status build(trn_ctx *c) {
     if (!sizes) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
     for (int i = 0; i < c->ntrain; i++) sizes[i] = c->params[i].n;
     st = eng_optim_new(&o->optim, c->ntrain, sizes, &c->optim);
+    if (st == ENG_STATUS_OK) st = trn_dev_alloc(c); /* device-resident replicas: their weights and optimizers */
     free(sizes);
     ENG_TRY(st);
     eng_loader_opts lo = {.batch_size = o->batch_size, .shuffle = 1, .seed = o->seed, .drop_remainder = 0, .prefetch = 2};

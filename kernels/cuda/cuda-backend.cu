@@ -25,6 +25,9 @@ extern const krn_kernel krn_cuda_reduce_kernels[];
 extern const krn_kernel krn_cuda_tensor_kernels[];
 extern const krn_kernel krn_cuda_quant_kernels[];
 extern const krn_kernel krn_cuda_optim_kernels[];
+eng_status cuda_comm_new(int n, const int *devices, krn_comm **out); /* cuda-comm.cu */
+eng_status cuda_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
+void cuda_comm_free(krn_comm *cm);
 }
 
 static const krn_kernel *const cuda_tables[] = {
@@ -355,6 +358,9 @@ static const krn_backend cuda_backend = {
     .event_wait = cuda_event_wait,
     .event_sync = cuda_event_sync,
     .event_free = cuda_event_free,
+    .comm_new = cuda_comm_new,
+    .comm_allreduce = cuda_comm_allreduce,
+    .comm_free = cuda_comm_free,
 };
 
 /* The backend when a CUDA driver and at least one device are present, else NULL with why[] saying which is missing.

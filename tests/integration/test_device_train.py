@@ -6,8 +6,8 @@ copies and failure modes, the CPU's kernels for a subset of ops; no GPU here).
 - A kernel launch failure inside a training step (TENSORD_SIM_FAIL_KERNEL) fails the job with the reason, the node
   and the step's kernel named, and no version is written.
 - A device that is not there (cuda:0 on a machine without a GPU; sim:7 of 2) is refused before training, naming it.
-- One replica on a device keeps its weights, gradients and optimizer state on the device (no weight copies per
-  step), and a run resumed from a checkpoint ends at the uninterrupted run's weights.
+- Replicas on devices keep their weights, gradients and optimizer state on the device and all-reduce there (no
+  weight copies per step), and a run resumed from a checkpoint ends at the uninterrupted run's weights.
 """
 import os
 import re
@@ -69,9 +69,11 @@ def test_one_and_two_devices_train_to_the_cpu_weights(tensord_bin, setup):
     assert any(not np.array_equal(w1[k], w3[k]) for k in w1), "training changed nothing"
 
 
-def test_a_kernel_failing_inside_a_step_fails_the_job_and_writes_nothing(tensord_bin, setup):
+@pytest.mark.parametrize("devices", ["sim:0", "sim:0,sim:1"])
+def test_a_kernel_failing_inside_a_step_fails_the_job_and_writes_nothing(tensord_bin, setup, devices):
+    # with two replicas, the one that failed still joins the gradient all-reduce (no hang), then the job fails
     base, data = setup
-    cp = train(tensord_bin, base, data, 2, ("--devices", "sim:0"), env={"TENSORD_SIM_FAIL_KERNEL": "matmul:7"})
+    cp = train(tensord_bin, base, data, 2, ("--devices", devices), env={"TENSORD_SIM_FAIL_KERNEL": "matmul:7"})
     assert cp.returncode != 0
     err = cp.stdout + cp.stderr
     assert "injected launch failure" in err and "matmul" in err, err
@@ -98,17 +100,22 @@ def plan_copies(stderr):
     return int(m.group(1))
 
 
-def test_one_device_keeps_weights_and_optimizer_on_the_device(tensord_bin, setup):
-    """One replica on a device: the weights are read and the gradients written in device memory and the update runs
-    as a kernel there, so a training step copies only the batch and the loss (the two-replica host path also copies
-    every weight in and every gradient out); a run stopped mid-way and resumed from its checkpoint (device weights
-    brought back to the host for it, and pushed back after the resume) ends at the uninterrupted run's weights."""
+def test_device_replicas_keep_weights_and_optimizer_on_the_device(tensord_bin, setup):
+    """Replicas on devices read their weights and write their gradients in device memory, all-reduce the gradients
+    there (sim's collective; NCCL on CUDA) and apply the update as a kernel there, so a training step copies only
+    the batch and the loss; with loss scaling (which inspects the gradients on the host) the same device takes the
+    host path and also copies every weight in and every gradient out. A run stopped mid-way and resumed from its
+    checkpoint (device weights brought to the host for it, pushed back with the optimizer state after the resume)
+    ends at the uninterrupted run's weights."""
     base, data = setup
     one = train(tensord_bin, base, data, 2, ("--devices", "sim:0", "--val-split", "0.1"))
     two = train(tensord_bin, base, data, 3, ("--devices", "sim:0,sim:1", "--val-split", "0.1"))
-    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    host = train(tensord_bin, base, data, 5, ("--devices", "sim:0", "--val-split", "0.1", "--loss-scale", "128"))
+    assert one.returncode == 0 and two.returncode == 0 and host.returncode == 0, one.stderr + two.stderr + host.stderr
     ntensors = len(weights(base, 1))
-    assert plan_copies(two.stderr) - plan_copies(one.stderr) == 2 * ntensors, one.stderr + two.stderr
+    # the host path: every weight in, every gradient out, and the loss scale (one more graph input)
+    assert plan_copies(host.stderr) - plan_copies(one.stderr) == 2 * ntensors + 1, one.stderr + host.stderr
+    assert plan_copies(two.stderr) == plan_copies(one.stderr), two.stderr
     # stop after 7 updates (mid epoch 1 of 2), then resume into a copy of the tree
     stop = train(tensord_bin, base, data, 4, ("--devices", "sim:0", "--val-split", "0.1", "--max-steps", "7",
                                               "--checkpoint-every", "3"))

@@ -1,0 +1,191 @@
+/* train-device.c - training with the weights on the device (see train-impl.h).
+ *
+ * When every replica runs on a device of one backend (one replica, or several with the backend's collectives: NCCL
+ * on CUDA), in one process and without loss scaling, the trainer keeps each replica's weights in its device's
+ * memory: the training session reads them there and leaves the gradients and BatchNorm updates there
+ * (eng_session_opts.dev_inputs / dev_outputs: no copies per step but the batch and the loss). After its run each
+ * replica, on its own thread, all-reduces its gradients in place on the device, each scaled by its share of the
+ * batch (rows / B, so the sum is the full batch's mean gradient, as one replica would compute it), and applies the
+ * update to its own copy with its own optimizer (eng_optim_apply_on: the optimizer kernels). Every replica applies
+ * the same update to the same weights, so the copies stay equal and no weights travel. Rank 0's optimizer is the
+ * trainer's (the one checkpoints save); the others are clones of its state.
+ *
+ * The host copies (trn_param.w) are refreshed from rank 0 by trn_weights_to_host when host code reads them, and
+ * pushed to every replica by trn_weights_to_device after a resume (with the optimizer state).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "train-impl.h"
+
+eng_status trn_dev_plan(trn_ctx *c, const eng_graph *gt, eng_session_opts *so) {
+    if (c->W != 1 || c->ls.mode != ENG_LOSS_SCALE_NONE || c->o->ndevices <= 0) return ENG_STATUS_OK;
+    const krn_backend *b = NULL;
+    for (int r = 0; r < c->R; r++) {
+        eng_session_opts o = *so;
+        ENG_TRY(trn_replica_device(c->o, r, &o));
+        if (!o.backend || krn_backend_is_host(o.backend) || (b && o.backend != b)) return ENG_STATUS_OK;
+        b = o.backend;
+    }
+    if (c->R > 1 && !krn_backend_has_comm(b)) return ENG_STATUS_OK;
+    c->dev = b;
+    c->dev_in = calloc((size_t)gt->ninputs + 1, 1);
+    c->dev_out = calloc((size_t)gt->noutputs + 1, 1);
+    if (!c->dev_in || !c->dev_out) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < gt->ninputs; i++)
+        for (int k = 0; k < c->nparams; k++)
+            if (strcmp(gt->values[gt->inputs[i]].name, c->params[k].name) == 0) c->dev_in[i] = 1;
+    for (int k = 0; k < c->nparams; k++)
+        if (c->params[k].out >= 0) c->dev_out[c->params[k].out] = 1;
+    so->dev_inputs = c->dev_in;
+    so->dev_outputs = c->dev_out;
+    return ENG_STATUS_OK;
+}
+
+static size_t param_bytes(const trn_param *p) { return (size_t)(p->n > 0 ? p->n : 1) * sizeof(float); }
+
+/* Copy the trainer's optimizer state into replica r's (before either has moved to a device). */
+static eng_status optim_clone(trn_ctx *c, trn_replica *rp) {
+    size_t n = eng_optim_state_size(c->optim);
+    void *buf = malloc(n ? n : 1);
+    if (!buf) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    eng_status st = eng_optim_state_save(c->optim, buf, n);
+    if (st == ENG_STATUS_OK) st = eng_optim_state_load(rp->optim, buf, n);
+    free(buf);
+    return st;
+}
+
+eng_status trn_dev_alloc(trn_ctx *c) {
+    if (!c->dev) return ENG_STATUS_OK;
+    int devs[256];
+    int64_t *sizes = malloc(((size_t)c->ntrain + 1) * sizeof *sizes);
+    if (!sizes) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < c->ntrain; i++) sizes[i] = c->params[i].n;
+    eng_status st = ENG_STATUS_OK;
+    for (int r = 0; r < c->R && st == ENG_STATUS_OK; r++) {
+        trn_replica *rp = &c->reps[r];
+        eng_session_opts o = {0};
+        st = trn_replica_device(c->o, r, &o);
+        devs[r] = o.device;
+        if (st == ENG_STATUS_OK) st = krn_ctx_new(c->dev, o.device, &rp->dctx);
+        if (st == ENG_STATUS_OK && (!(rp->dw = calloc((size_t)c->nparams + 1, sizeof *rp->dw)) ||
+                                    !(rp->dz = calloc((size_t)c->nparams + 1, sizeof *rp->dz))))
+            st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+        for (int k = 0; st == ENG_STATUS_OK && k < c->nparams; k++) {
+            st = krn_buf_alloc(c->dev, rp->dctx, param_bytes(&c->params[k]), &rp->dw[k]);
+            if (st != ENG_STATUS_OK) eng_err_prefix(st, "replica %d, weight '%s': ", r, c->params[k].name);
+            else rp->feed[c->ninputs + 1 + k].data = rp->dw[k];
+        }
+        if (st == ENG_STATUS_OK && r > 0) st = eng_optim_new(&c->o->optim, c->ntrain, sizes, &rp->optim);
+        if (st == ENG_STATUS_OK && r > 0) st = optim_clone(c, rp);
+    }
+    free(sizes);
+    if (st == ENG_STATUS_OK && c->R > 1) {
+        st = krn_comm_new(c->dev, c->R, devs, &c->dcomm);
+        if (st != ENG_STATUS_OK) eng_err_prefix(st, "the replicas' collective on %s: ", krn_backend_name(c->dev));
+    }
+    c->dev_dirty = 1; /* nothing uploaded yet */
+    if (st == ENG_STATUS_OK) st = trn_weights_to_device(c);
+    return st;
+}
+
+eng_status trn_weights_to_device(trn_ctx *c) {
+    if (!c->dev) return ENG_STATUS_OK;
+    for (int r = 0; r < c->R; r++) {
+        trn_replica *rp = &c->reps[r];
+        for (int k = 0; k < c->nparams; k++)
+            ENG_TRY(krn_buf_set(c->dev, rp->dctx, rp->dw[k], c->params[k].w, (size_t)c->params[k].n * sizeof(float)));
+        ENG_TRY(krn_ctx_sync(c->dev, rp->dctx));
+        if (r > 0) ENG_TRY(optim_clone(c, rp)); /* after a resume: the checkpoint's optimizer state, everywhere */
+    }
+    c->dev_dirty = 0;
+    return ENG_STATUS_OK;
+}
+
+eng_status trn_weights_to_host(trn_ctx *c) {
+    if (!c->dev || !c->dev_dirty) return ENG_STATUS_OK;
+    trn_replica *r0 = &c->reps[0];
+    for (int k = 0; k < c->nparams; k++)
+        ENG_TRY(krn_buf_get(c->dev, r0->dctx, c->params[k].w, r0->dw[k], (size_t)c->params[k].n * sizeof(float)));
+    ENG_TRY(krn_ctx_sync(c->dev, r0->dctx));
+    c->dev_dirty = 0;
+    return ENG_STATUS_OK;
+}
+
+/* Zeros standing in for param k's gradient on a replica that ran no rows (or failed) this step: it still joins the
+ * collective, contributing nothing. */
+static eng_status zeros(trn_ctx *c, trn_replica *rp, int k, void **out) {
+    if (!rp->dz[k]) {
+        size_t nb = param_bytes(&c->params[k]);
+        float *z = calloc(1, nb);
+        if (!z) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+        eng_status st = krn_buf_alloc(c->dev, rp->dctx, nb, &rp->dz[k]);
+        if (st == ENG_STATUS_OK) st = krn_buf_set(c->dev, rp->dctx, rp->dz[k], z, nb);
+        if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, rp->dctx);
+        free(z);
+        ENG_TRY(st);
+    } else {
+        static const float zero[256];
+        size_t nb = (size_t)c->params[k].n * sizeof(float);
+        for (size_t off = 0; off < nb; off += sizeof zero) /* the all-reduce overwrote it: zero it again */
+            ENG_TRY(krn_buf_set(c->dev, rp->dctx, (char *)rp->dz[k] + off, zero, nb - off < sizeof zero ? nb - off : sizeof zero));
+    }
+    *out = rp->dz[k];
+    return ENG_STATUS_OK;
+}
+
+eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
+    eng_status st = ENG_STATUS_OK, first = ENG_STATUS_OK;
+    float *grads[c->ntrain > 0 ? c->ntrain : 1];
+    float *params[c->ntrain > 0 ? c->ntrain : 1];
+    float share = rp->b->rows > 0 ? (float)((double)rp->rows / (double)rp->b->rows) : 0.0f;
+    int have = ok && rp->rows > 0;
+    /* every rank makes every collective call, in parameter order, whatever happened to it (or the others would
+     * wait for it forever); a rank that failed contributes zeros and reports its own error after */
+    for (int k = 0; k < c->nparams; k++) {
+        const trn_param *p = &c->params[k];
+        if (p->out < 0) continue;
+        void *buf = NULL;
+        if (have) buf = rp->outs[p->out].data;
+        else if ((st = zeros(c, rp, k, &buf)) != ENG_STATUS_OK) return st; /* no buffer: nothing to call with */
+        if (c->R > 1) {
+            st = krn_comm_allreduce(c->dev, c->dcomm, rp->rank, rp->dctx, buf, (size_t)p->n, share);
+            if (st != ENG_STATUS_OK && first == ENG_STATUS_OK) first = st;
+        }
+        if (p->is_bn) {
+            st = krn_buf_copy(c->dev, rp->dctx, rp->dw[k], buf, (size_t)p->n * sizeof(float));
+            if (st != ENG_STATUS_OK && first == ENG_STATUS_OK) first = st;
+        } else {
+            grads[k] = buf;
+            params[k] = rp->dw[k];
+        }
+    }
+    if (!ok || first != ENG_STATUS_OK) return first != ENG_STATUS_OK ? first : ENG_STATUS_INTERNAL;
+    int applied = 0;
+    eng_optim *o = rp->rank == 0 ? c->optim : rp->optim;
+    st = eng_optim_apply_on(o, c->dev, rp->dctx, params, (const float *const *)grads, &applied);
+    if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, rp->dctx); /* the next step's plan reads the weights */
+    return st;
+}
+
+void trn_dev_free(trn_ctx *c) {
+    if (!c->dev) return;
+    krn_comm_free(c->dev, &c->dcomm);
+    for (int r = 0; c->reps && r < c->R; r++) {
+        trn_replica *rp = &c->reps[r];
+        eng_optim_free(&rp->optim); /* before its context */
+        if (rp->dctx) (void)krn_ctx_sync(c->dev, rp->dctx);
+        for (int k = 0; k < c->nparams; k++) {
+            if (rp->dw) krn_buf_free(c->dev, rp->dctx, rp->dw[k]);
+            if (rp->dz) krn_buf_free(c->dev, rp->dctx, rp->dz[k]);
+        }
+        free(rp->dw);
+        free(rp->dz);
+        rp->dw = rp->dz = NULL;
+        krn_ctx_free(c->dev, &rp->dctx);
+    }
+    free(c->dev_in);
+    free(c->dev_out);
+    c->dev_in = c->dev_out = NULL;
+    c->dev = NULL;
+}
