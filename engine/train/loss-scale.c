@@ -23,28 +23,35 @@ static int all_finite(const float *g, int64_t n) {
     return !bad;
 }
 
-int eng_loss_scaler_step(eng_loss_scaler *s, float *const *grads, const int64_t *n, int count) {
+int eng_loss_scaler_observe(eng_loss_scaler *s, int finite) {
     if (s->mode == ENG_LOSS_SCALE_NONE) return 1;
-    int ok = isfinite(eng_loss_scaler_value(s));
-    for (int i = 0; i < count && ok; i++) ok = all_finite(grads[i], n[i]);
-    if (!ok) {
+    if (!finite || !isfinite(eng_loss_scaler_value(s))) {
         s->skipped++;
         s->good = 0;
         if (s->mode == ENG_LOSS_SCALE_FIXED) return -1;
         s->scale *= 0.5;
         return s->scale < ENG_LOSS_SCALE_MIN ? -1 : 0;
     }
-    float inv = (float)(1.0 / s->scale);
-    for (int i = 0; i < count; i++) {
-        float *g = grads[i];
-#pragma omp simd
-        for (int64_t k = 0; k < n[i]; k++) g[k] *= inv;
-    }
     if (s->mode == ENG_LOSS_SCALE_DYNAMIC && ++s->good >= s->growth_steps) {
         s->scale *= 2.0;
         s->good = 0;
     }
     return 1;
+}
+
+int eng_loss_scaler_step(eng_loss_scaler *s, float *const *grads, const int64_t *n, int count) {
+    if (s->mode == ENG_LOSS_SCALE_NONE) return 1;
+    int ok = isfinite(eng_loss_scaler_value(s));
+    for (int i = 0; i < count && ok; i++) ok = all_finite(grads[i], n[i]);
+    if (ok) {
+        float inv = (float)(1.0 / s->scale);
+        for (int i = 0; i < count; i++) {
+            float *g = grads[i];
+#pragma omp simd
+            for (int64_t k = 0; k < n[i]; k++) g[k] *= inv;
+        }
+    }
+    return eng_loss_scaler_observe(s, ok);
 }
 
 int eng_loss_scale_parse(const char *text, eng_loss_scale_mode *mode, double *value) {

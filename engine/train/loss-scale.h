@@ -40,6 +40,10 @@ float eng_loss_scaler_value(const eng_loss_scaler *s);
  * update), 0 (skip this step; the dynamic scale halved) or -1 (not finite at a fixed scale, or the dynamic scale
  * fell below ENG_LOSS_SCALE_MIN: training has diverged; the caller fails). NONE: always 1, grads untouched. */
 int eng_loss_scaler_step(eng_loss_scaler *s, float *const *grads, const int64_t *n, int count);
+/* The same bookkeeping for gradients checked and unscaled elsewhere (device-resident training: the optimizer kernel
+ * unscales them and skips the update when their norm is not finite, eng_optim_set_unscale): finite says whether
+ * they were; returns as eng_loss_scaler_step. */
+int eng_loss_scaler_observe(eng_loss_scaler *s, int finite);
 
 /* "none", "dynamic" or a positive number (a fixed scale); 0 ok, -1 not one of those. */
 int eng_loss_scale_parse(const char *text, eng_loss_scale_mode *mode, double *value);

@@ -71,6 +71,9 @@ struct eng_optim {
     float **dslots[OPTIM_MAX_SLOTS]; /* dslots[s][p]: sizes[p] floats in dev.b's buffers (NULL for size 0) */
     double *dev_ss;     /* nparams float64 sums of squares, dev.b's buffer */
     double *dev_ss_host;/* nparams, krn_host_alloc'd (pinned on CUDA): where dev_ss is read back */
+    float unscale;      /* eng_optim_set_unscale: a factor on the gradients of the next update (1/loss scale) */
+    int skip_nonfinite; /* ... and that update is skipped when their norm is not finite (last_finite says) */
+    int last_finite;
 };
 
 typedef struct optim_state_header {
@@ -168,6 +171,8 @@ eng_status eng_optim_new(const eng_optim_opts *opts, int nparams, const int64_t 
     eng_optim *op = calloc(1, sizeof *op);
     if (!op) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "optimizer %s", nm);
     op->o = o;
+    op->unscale = 1.0f;
+    op->last_finite = 1;
     op->nparams = nparams;
     op->slot_m = op->slot_v = op->slot_acc = -1;
     if (o.kind == ENG_OPTIM_SGD) {
@@ -236,6 +241,13 @@ static double optim_lr_at(const eng_optim_opts *o, int64_t s) {
 float eng_optim_lr(const eng_optim *o) { return o ? (float)optim_lr_at(&o->o, o->step) : 0.0f; }
 int64_t eng_optim_step_count(const eng_optim *o) { return o ? o->step : 0; }
 float eng_optim_last_grad_norm(const eng_optim *o) { return o ? o->last_norm : 0.0f; }
+
+void eng_optim_set_unscale(eng_optim *o, float unscale, int skip_nonfinite) {
+    o->unscale = unscale;
+    o->skip_nonfinite = skip_nonfinite;
+}
+
+int eng_optim_last_finite(const eng_optim *o) { return o ? o->last_finite : 1; }
 
 /* A float32 vector view of n elements (an absent tensor when data is NULL). */
 static eng_tensor optim_vec(const void *data, int64_t n) {
@@ -317,6 +329,7 @@ static eng_status optim_apply_with(eng_optim *o, const optim_kernels *k, krn_ctx
         g = (const float *const *)acc;
         gs = 1.0f / (float)opt->accum_steps;
     }
+    gs *= o->unscale;
     krn_optim_sumsq_params sp = {.scale = gs};
     for (int p = 0; p < o->nparams && st == ENG_STATUS_OK; p++) {
         if (!o->sizes[p]) {
@@ -338,6 +351,11 @@ static eng_status optim_apply_with(eng_optim *o, const optim_kernels *k, krn_ctx
     double sum = 0;
     for (int p = 0; p < o->nparams; p++) sum += ss[p];
     double norm = sqrt(sum);
+    o->last_finite = isfinite(norm);
+    if (o->skip_nonfinite && !o->last_finite) { /* a loss-scaled step that overflowed: no update, the step not counted */
+        if (o->slot_acc >= 0) o->accum_count = 0;
+        return ENG_STATUS_OK;
+    }
     o->last_norm = (float)norm;
     if (opt->clipnorm > 0 && norm > opt->clipnorm) gs = (float)((double)gs * opt->clipnorm / norm);
 

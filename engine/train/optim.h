@@ -66,6 +66,12 @@ typedef struct krn_backend krn_backend; /* kernels/kernel.h */
 typedef struct krn_ctx krn_ctx;
 eng_status eng_optim_apply_on(eng_optim *o, const krn_backend *b, krn_ctx *ctx, float *const *params,
                               const float *const *grads, int *applied);
+/* Loss scaling done by the update itself (device-resident training): the gradients of later updates are multiplied
+ * by unscale (1 / the loss scale) before anything else reads them, and with skip_nonfinite an update whose gradient
+ * norm is not finite (an overflow at this scale) changes nothing and counts no step; eng_optim_last_finite then
+ * says 0. Defaults: 1, 0. */
+void eng_optim_set_unscale(eng_optim *o, float unscale, int skip_nonfinite);
+int eng_optim_last_finite(const eng_optim *o);
 /* Global L2 norm of the last gradients applied (before clipping), for logging. */
 float eng_optim_last_grad_norm(const eng_optim *o);
 /* Checkpoint: the whole state (moments, step, accumulators) as bytes; restore checks sizes. With the state on a

@@ -1,14 +1,16 @@
 /* train-device.c - training with the weights on the device (see train-impl.h).
  *
  * When every replica runs on a device of one backend (one replica, or several with the backend's collectives: NCCL
- * on CUDA), in one process and without loss scaling, the trainer keeps each replica's weights in its device's
+ * on CUDA) in one process, the trainer keeps each replica's weights in its device's
  * memory: the training session reads them there and leaves the gradients and BatchNorm updates there
  * (eng_session_opts.dev_inputs / dev_outputs: no copies per step but the batch and the loss). After its run each
  * replica, on its own thread, all-reduces its gradients in place on the device, each scaled by its share of the
  * batch (rows / B, so the sum is the full batch's mean gradient, as one replica would compute it), and applies the
  * update to its own copy with its own optimizer (eng_optim_apply_on: the optimizer kernels). Every replica applies
  * the same update to the same weights, so the copies stay equal and no weights travel. Rank 0's optimizer is the
- * trainer's (the one checkpoints save); the others are clones of its state.
+ * trainer's (the one checkpoints save); the others are clones of its state. Loss scaling (mixed_fp16) stays on the
+ * device too: the update unscales the gradients and skips itself when their norm overflowed, and the trainer's
+ * scaler is told (eng_loss_scaler_observe); not with gradient accumulation (the host path then).
  *
  * The host copies (trn_param.w) are refreshed from rank 0 by trn_weights_to_host when host code reads them, and
  * pushed to every replica by trn_weights_to_device after a resume (with the optimizer state).
@@ -19,7 +21,9 @@
 #include "train-impl.h"
 
 eng_status trn_dev_plan(trn_ctx *c, const eng_graph *gt, eng_session_opts *so) {
-    if (c->W != 1 || c->ls.mode != ENG_LOSS_SCALE_NONE || c->o->ndevices <= 0) return ENG_STATUS_OK;
+    /* loss scaling with accumulation: an overflowed micro-step would leave its infinities in the accumulators */
+    if (c->W != 1 || c->o->ndevices <= 0 || (c->ls.mode != ENG_LOSS_SCALE_NONE && c->o->optim.accum_steps > 1))
+        return ENG_STATUS_OK;
     const krn_backend *b = NULL;
     for (int r = 0; r < c->R; r++) {
         eng_session_opts o = *so;
@@ -163,7 +167,12 @@ eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
     if (!ok || first != ENG_STATUS_OK) return first != ENG_STATUS_OK ? first : ENG_STATUS_INTERNAL;
     int applied = 0;
     eng_optim *o = rp->rank == 0 ? c->optim : rp->optim;
+    /* loss scaling: the update unscales the gradients and skips itself if they overflowed (every replica sees the
+     * same all-reduced gradients, so all decide alike); the trainer's scaler learns the outcome from rank 0 */
+    int scaled = c->ls.mode != ENG_LOSS_SCALE_NONE;
+    eng_optim_set_unscale(o, scaled ? (float)(1.0 / c->ls.scale) : 1.0f, scaled);
     st = eng_optim_apply_on(o, c->dev, rp->dctx, params, (const float *const *)grads, &applied);
+    rp->finite = eng_optim_last_finite(o);
     if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, rp->dctx); /* the next step's plan reads the weights */
     return st;
 }

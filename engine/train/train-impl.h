@@ -127,7 +127,7 @@ typedef struct trn_ctx {
     /* sessions */
     int R;
     trn_replica *reps;
-    /* Device-resident training (one replica on a device backend in one process, no loss scaling): the weights, the
+    /* Device-resident training (train-device.c; replicas on devices of one backend, one process): the weights, the
      * gradients and the optimizer state stay on the device, the session reading and writing them there
      * (eng_session_opts.dev_inputs / dev_outputs) and the update running as a kernel (eng_optim_apply_on). The host
      * copies (trn_param.w) are brought up to date by trn_weights_to_host before host code reads them (validation,
@@ -174,6 +174,7 @@ struct trn_replica {
     eng_status st;
     char err[1024];
     double loss, acc;     /* device-resident mode: this shard's loss and accuracy (means over its rows) */
+    int finite;           /* device-resident mode: its last update's gradients were finite (loss scaling) */
     /* device-resident mode (train-device.c): this replica's context, weights, gradient stand-ins for a step it has
      * no rows for, and optimizer (rank 0 uses the trainer's) */
     krn_ctx *dctx;
@@ -189,7 +190,8 @@ eng_status trn_replace_head(eng_graph *g, int64_t classes, uint64_t seed);
 eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt);
 void trn_replicas_free(trn_ctx *c);
 /* train-device.c. trn_dev_plan: whether this run trains device-resident (every replica on a device of one backend
- * with collectives, or one replica; one process; no loss scaling): then sets c->dev and the session masks in so.
+ * with collectives, or one replica; one process; not loss scaling with accumulation): then sets c->dev and the
+ * session masks in so.
  * trn_dev_alloc (after the replicas' sessions exist): contexts, weights, optimizers, the communicator. trn_dev_update,
  * in each replica's thread after its run (ok: its gradients are valid): all-reduce gradients and BatchNorm updates
  * on the device, apply the update there. */

@@ -223,6 +223,12 @@ static void *replica_thread(void *arg) {
     return NULL;
 }
 
+static eng_status diverged(const trn_ctx *c, double scale) {
+    return eng_err(ENG_STATUS_INVALID_ARGUMENT, "gradients are not finite at loss scale %g (%s loss scaling): training "
+                   "diverged; try a lower learning rate or check the data", scale,
+                   c->ls.mode == ENG_LOSS_SCALE_FIXED ? "fixed" : "dynamic");
+}
+
 eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
     int R = c->R, S = R * c->W; /* shards of the global batch: W processes x R replicas */
     int64_t B = b->rows, base = B / S, extra = B % S;
@@ -261,7 +267,8 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         *loss = l;
         *acc = a;
         c->dev_dirty = 1;
-        return ENG_STATUS_OK;
+        double scale = c->ls.scale;
+        return eng_loss_scaler_observe(&c->ls, c->reps[0].finite) < 0 ? diverged(c, scale) : ENG_STATUS_OK;
     }
     const trn_replica *r0 = &c->reps[0];
     float *pack = r0->pack;
@@ -286,10 +293,7 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
     }
     double scale = c->ls.scale;
     int go = eng_loss_scaler_step(&c->ls, grads, ns, c->ntrain);
-    if (go < 0)
-        return eng_err(ENG_STATUS_INVALID_ARGUMENT,
-                       "gradients are not finite at loss scale %g (%s loss scaling): training diverged; try a lower "
-                       "learning rate or check the data", scale, c->ls.mode == ENG_LOSS_SCALE_FIXED ? "fixed" : "dynamic");
+    if (go < 0) return diverged(c, scale);
     if (!go) return ENG_STATUS_OK; /* overflow: this step's update is skipped, the scale halved */
     int applied = 0;
     st = eng_optim_apply(c->optim, params, (const float *const *)grads, &applied);

@@ -9,6 +9,7 @@ copies and failure modes, the CPU's kernels for a subset of ops; no GPU here).
 - Replicas on devices keep their weights, gradients and optimizer state on the device and all-reduce there (no
   weight copies per step), and a run resumed from a checkpoint ends at the uninterrupted run's weights.
 """
+import json
 import os
 import re
 import shutil
@@ -103,14 +104,15 @@ def plan_copies(stderr):
 def test_device_replicas_keep_weights_and_optimizer_on_the_device(tensord_bin, setup):
     """Replicas on devices read their weights and write their gradients in device memory, all-reduce the gradients
     there (sim's collective; NCCL on CUDA) and apply the update as a kernel there, so a training step copies only
-    the batch and the loss; with loss scaling (which inspects the gradients on the host) the same device takes the
-    host path and also copies every weight in and every gradient out. A run stopped mid-way and resumed from its
+    the batch and the loss; loss scaling with gradient accumulation takes the host path, which also copies every
+    weight in and every gradient out. A run stopped mid-way and resumed from its
     checkpoint (device weights brought to the host for it, pushed back with the optimizer state after the resume)
     ends at the uninterrupted run's weights."""
     base, data = setup
     one = train(tensord_bin, base, data, 2, ("--devices", "sim:0", "--val-split", "0.1"))
     two = train(tensord_bin, base, data, 3, ("--devices", "sim:0,sim:1", "--val-split", "0.1"))
-    host = train(tensord_bin, base, data, 5, ("--devices", "sim:0", "--val-split", "0.1", "--loss-scale", "128"))
+    host = train(tensord_bin, base, data, 5, ("--devices", "sim:0", "--val-split", "0.1", "--loss-scale", "128",
+                                              "--accum-steps", "2"))
     assert one.returncode == 0 and two.returncode == 0 and host.returncode == 0, one.stderr + two.stderr + host.stderr
     ntensors = len(weights(base, 1))
     # the host path: every weight in, every gradient out, and the loss scale (one more graph input)
@@ -129,3 +131,32 @@ def test_device_replicas_keep_weights_and_optimizer_on_the_device(tensord_bin, s
     res = train(tensord_bin, other, data, 4, ("--devices", "sim:0", "--val-split", "0.1", "--resume"))
     assert res.returncode == 0, res.stderr
     close(weights(base, 2), weights(other, 4))
+
+
+def test_loss_scaling_runs_on_the_device_like_the_cpu(tensord_bin, setup):
+    """Loss scaling on the device (the update unscales the gradients and skips itself on an overflow): a fixed scale
+    (128, exact in float) and the dynamic scaler train to the CPU's weights, with the same scaler history."""
+    base, data = setup
+    cpu = train(tensord_bin, base, data, 2, ("--loss-scale", "128"))
+    dev = train(tensord_bin, base, data, 3, ("--devices", "sim:0,sim:1", "--loss-scale", "128"))
+    hostrep = train(tensord_bin, base, data, 4, ("--replicas", "2", "--loss-scale", "128"))
+    one = train(tensord_bin, base, data, 5, ("--devices", "sim:0", "--loss-scale", "128"))
+    assert all(p.returncode == 0 for p in (cpu, dev, hostrep, one)), cpu.stderr + dev.stderr + hostrep.stderr + one.stderr
+    close(weights(base, 2), weights(base, 5))
+    close(weights(base, 4), weights(base, 3))
+    huge = train(tensord_bin, base, data, 6, ("--devices", "sim:0", "--loss-scale", "dynamic"))
+    hcpu = train(tensord_bin, base, data, 7, ("--loss-scale", "dynamic"))
+    assert huge.returncode == 0 and hcpu.returncode == 0, huge.stderr + hcpu.stderr
+    close(weights(base, 7), weights(base, 6))
+    ls6 = json.load(open(base / "6" / "metrics.json"))["loss_scaling"]
+    ls7 = json.load(open(base / "7" / "metrics.json"))["loss_scaling"]
+    assert ls6 == ls7, (ls6, ls7)
+    # a fixed scale near float's limit: the device ends as the host does (here the gradients overflow and the job
+    # fails as diverged, or they do not and both train to the same weights)
+    hb = train(tensord_bin, base, data, 8, ("--loss-scale", "3e38"))
+    db = train(tensord_bin, base, data, 9, ("--devices", "sim:0", "--loss-scale", "3e38"))
+    assert (hb.returncode == 0) == (db.returncode == 0), hb.stderr + db.stderr
+    if hb.returncode == 0:
+        close(weights(base, 8), weights(base, 9))
+    else:
+        assert "not finite" in db.stdout + db.stderr and not (base / "9").exists()

@@ -4,6 +4,7 @@
  * maps its buffers PROT_NONE outside its own kernels and copies, so a CPU step handed device memory would crash
  * this test instead of passing by luck. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -316,6 +317,19 @@ Test(place, optimizer_updates_device_buffers_like_the_cpu) {
         cr_assert_eq(memcmp(back, w[p], (size_t)sizes[p] * 4), 0, "param %d differs from the CPU's update", p);
     }
     cr_assert_float_eq(eng_optim_last_grad_norm(cpu), eng_optim_last_grad_norm(dev), 0);
+    { /* loss scaling on the device: an overflowed gradient skips the update, changing nothing */
+        float inf[N0];
+        for (int i = 0; i < N0; i++) inf[i] = i == 3 ? INFINITY : 1.0f;
+        cr_assert_eq(krn_buf_set(b, ctx, dg[0], inf, sizeof(float) * N0), ENG_STATUS_OK);
+        float *dwp[2] = {dw[0], dw[1]};
+        const float *dgp[2] = {dg[0], dg[1]};
+        int64_t steps = eng_optim_step_count(dev);
+        int a = 1;
+        eng_optim_set_unscale(dev, 1.0f / 1024, 1);
+        cr_assert_eq(eng_optim_apply_on(dev, b, ctx, dwp, dgp, &a), ENG_STATUS_OK, "%s", eng_last_error());
+        cr_assert(!a && !eng_optim_last_finite(dev) && eng_optim_step_count(dev) == steps);
+        eng_optim_set_unscale(dev, 1.0f, 0);
+    }
     size_t n1 = eng_optim_state_size(cpu), n2 = eng_optim_state_size(dev);
     cr_assert_eq(n1, n2);
     char *s1 = malloc(n1), *s2 = malloc(n2);
