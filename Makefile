@@ -81,7 +81,7 @@ CU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
-.PHONY: all deps test test-unit test-ops test-conformance test-py test-san test-fuzz test-container bench demo serve-demo clean cuda
+.PHONY: all deps test test-build test-unit test-ops test-conformance test-py test-san test-fuzz test-container bench demo serve-demo clean cuda
 all: $(BUILD)/tensord $(BUILD)/libtensord.a $(if $(filter 1,$(CUDA_ON)),$(BUILD)/libtensord_cuda.so,)
 
 $(GEN)/onnx.pb-c.c $(GEN)/onnx.pb-c.h: /usr/include/onnx/onnx.proto
@@ -156,8 +156,13 @@ deps:
 
 # ---- tests ----
 CONF := /usr/share/libonnx-testdata/data
-test: all test-unit test-ops test-conformance test-py test-san test-fuzz
+# The suites run one after another; what they need is built first with every core (nvcc and gcc alike).
+NPROC := $(shell nproc 2>/dev/null || echo 1)
+test: test-build test-unit test-ops test-conformance test-py test-san test-fuzz
 	@echo "make test: all suites passed"
+
+test-build:
+	@$(MAKE) --no-print-directory -j$(NPROC) all $(UNIT_BIN) $(BUILD)/tests/test_ops
 
 test-unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t --jobs 2; done
@@ -188,7 +193,7 @@ test-conformance: $(BUILD)/tensord
 SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1
 SAN_UNIT_ENV := $(SAN_ENV) LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:exitcode=0
 test-san:
-	$(MAKE) --no-print-directory SAN=1 build/san/tensord build/san/tests/test_ops $(patsubst tests/unit/%.c,build/san/tests/%,$(UNIT_SRC))
+	$(MAKE) --no-print-directory -j$(NPROC) SAN=1 build/san/tensord build/san/tests/test_ops $(patsubst tests/unit/%.c,build/san/tests/%,$(UNIT_SRC))
 	@set -e; for t in $(patsubst tests/unit/%.c,build/san/tests/%,$(UNIT_SRC)); do echo "== (asan) $$t"; \
 	  $(SAN_UNIT_ENV) $$t --jobs 2 > $$t.log 2>&1 || { tail -n 30 $$t.log; echo "$$t failed ($$t.log)"; exit 1; }; \
 	  grep -E "Synthesis" $$t.log; \
