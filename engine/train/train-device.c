@@ -8,7 +8,9 @@
  * batch (rows / B, so the sum is the full batch's mean gradient, as one replica would compute it), and applies the
  * update to its own copy with its own optimizer (eng_optim_apply_on: the optimizer kernels). Every replica applies
  * the same update to the same weights, so the copies stay equal and no weights travel. Rank 0's optimizer is the
- * trainer's (the one checkpoints save); the others are clones of its state. Loss scaling (mixed_fp16) stays on the
+ * trainer's (the one checkpoints save); the others are clones of its state. Across processes (mpirun), each
+ * process reduces its replicas on the device first, then rank 0's sums go through host memory and MPI (the job's
+ * eng_comm) and back to every replica before the update (trn_dev_world). Loss scaling (mixed_fp16) stays on the
  * device too: the update unscales the gradients and skips itself when their norm overflowed, and the trainer's
  * scaler is told (eng_loss_scaler_observe); not with gradient accumulation (the host path then).
  *
@@ -22,7 +24,7 @@
 
 eng_status trn_dev_plan(trn_ctx *c, const eng_graph *gt, eng_session_opts *so) {
     /* loss scaling with accumulation: an overflowed micro-step would leave its infinities in the accumulators */
-    if (c->W != 1 || c->o->ndevices <= 0 || (c->ls.mode != ENG_LOSS_SCALE_NONE && c->o->optim.accum_steps > 1))
+    if (c->o->ndevices <= 0 || (c->ls.mode != ENG_LOSS_SCALE_NONE && c->o->optim.accum_steps > 1))
         return ENG_STATUS_OK;
     const krn_backend *b = NULL;
     for (int r = 0; r < c->R; r++) {
@@ -31,7 +33,7 @@ eng_status trn_dev_plan(trn_ctx *c, const eng_graph *gt, eng_session_opts *so) {
         if (!o.backend || krn_backend_is_host(o.backend) || (b && o.backend != b)) return ENG_STATUS_OK;
         b = o.backend;
     }
-    if (c->R > 1 && !krn_backend_has_comm(b)) return ENG_STATUS_OK;
+    if ((c->R > 1 || c->W > 1) && !krn_backend_has_comm(b)) return ENG_STATUS_OK;
     c->dev = b;
     c->dev_in = calloc((size_t)gt->ninputs + 1, 1);
     c->dev_out = calloc((size_t)gt->noutputs + 1, 1);
@@ -73,7 +75,8 @@ eng_status trn_dev_alloc(trn_ctx *c) {
         devs[r] = o.device;
         if (st == ENG_STATUS_OK) st = krn_ctx_new(c->dev, o.device, &rp->dctx);
         if (st == ENG_STATUS_OK && (!(rp->dw = calloc((size_t)c->nparams + 1, sizeof *rp->dw)) ||
-                                    !(rp->dz = calloc((size_t)c->nparams + 1, sizeof *rp->dz))))
+                                    !(rp->dz = calloc((size_t)c->nparams + 1, sizeof *rp->dz)) ||
+                                    !(rp->gbuf = calloc((size_t)c->nparams + 1, sizeof *rp->gbuf))))
             st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
         for (int k = 0; st == ENG_STATUS_OK && k < c->nparams; k++) {
             st = krn_buf_alloc(c->dev, rp->dctx, param_bytes(&c->params[k]), &rp->dw[k]);
@@ -84,7 +87,7 @@ eng_status trn_dev_alloc(trn_ctx *c) {
         if (st == ENG_STATUS_OK && r > 0) st = optim_clone(c, rp);
     }
     free(sizes);
-    if (st == ENG_STATUS_OK && c->R > 1) {
+    if (st == ENG_STATUS_OK && (c->R > 1 || c->W > 1)) {
         st = krn_comm_new(c->dev, c->R, devs, &c->dcomm);
         if (st != ENG_STATUS_OK) eng_err_prefix(st, "the replicas' collective on %s: ", krn_backend_name(c->dev));
     }
@@ -138,10 +141,34 @@ static eng_status zeros(trn_ctx *c, trn_replica *rp, int k, void **out) {
     return ENG_STATUS_OK;
 }
 
-eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
-    eng_status st = ENG_STATUS_OK, first = ENG_STATUS_OK;
+/* BatchNorm statistics into the weights, then the update (gb: the reduced gradients / statistics per param). */
+static eng_status dev_apply(trn_ctx *c, trn_replica *rp, void *const *gb) {
     float *grads[c->ntrain > 0 ? c->ntrain : 1];
     float *params[c->ntrain > 0 ? c->ntrain : 1];
+    for (int k = 0; k < c->nparams; k++) {
+        const trn_param *p = &c->params[k];
+        if (p->out < 0) continue;
+        if (p->is_bn) {
+            ENG_TRY(krn_buf_copy(c->dev, rp->dctx, rp->dw[k], gb[k], (size_t)p->n * sizeof(float)));
+        } else {
+            grads[k] = gb[k];
+            params[k] = rp->dw[k];
+        }
+    }
+    int applied = 0;
+    eng_optim *o = rp->rank == 0 ? c->optim : rp->optim;
+    /* loss scaling: the update unscales the gradients and skips itself if they overflowed (every replica sees the
+     * same all-reduced gradients, so all decide alike); the trainer's scaler learns the outcome from rank 0 */
+    int scaled = c->ls.mode != ENG_LOSS_SCALE_NONE;
+    eng_optim_set_unscale(o, scaled ? (float)(1.0 / c->ls.scale) : 1.0f, scaled);
+    eng_status st = eng_optim_apply_on(o, c->dev, rp->dctx, params, (const float *const *)grads, &applied);
+    rp->finite = eng_optim_last_finite(o);
+    if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, rp->dctx); /* the next step's plan reads the weights */
+    return st;
+}
+
+eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
+    eng_status st = ENG_STATUS_OK, first = ENG_STATUS_OK;
     float share = rp->b->rows > 0 ? (float)((double)rp->rows / (double)rp->b->rows) : 0.0f;
     int have = ok && rp->rows > 0;
     /* every rank makes every collective call, in parameter order, whatever happened to it (or the others would
@@ -152,34 +179,57 @@ eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
         void *buf = NULL;
         if (have) buf = rp->outs[p->out].data;
         else if ((st = zeros(c, rp, k, &buf)) != ENG_STATUS_OK) return st; /* no buffer: nothing to call with */
-        if (c->R > 1) {
+        if (c->dcomm) { /* several replicas, or several processes (then it also scales a lone replica's share) */
             st = krn_comm_allreduce(c->dev, c->dcomm, rp->rank, rp->dctx, buf, (size_t)p->n, share);
             if (st != ENG_STATUS_OK && first == ENG_STATUS_OK) first = st;
         }
-        if (p->is_bn) {
-            st = krn_buf_copy(c->dev, rp->dctx, rp->dw[k], buf, (size_t)p->n * sizeof(float));
-            if (st != ENG_STATUS_OK && first == ENG_STATUS_OK) first = st;
-        } else {
-            grads[k] = buf;
-            params[k] = rp->dw[k];
-        }
+        rp->gbuf[k] = buf;
     }
     if (!ok || first != ENG_STATUS_OK) return first != ENG_STATUS_OK ? first : ENG_STATUS_INTERNAL;
-    int applied = 0;
-    eng_optim *o = rp->rank == 0 ? c->optim : rp->optim;
-    /* loss scaling: the update unscales the gradients and skips itself if they overflowed (every replica sees the
-     * same all-reduced gradients, so all decide alike); the trainer's scaler learns the outcome from rank 0 */
-    int scaled = c->ls.mode != ENG_LOSS_SCALE_NONE;
-    eng_optim_set_unscale(o, scaled ? (float)(1.0 / c->ls.scale) : 1.0f, scaled);
-    st = eng_optim_apply_on(o, c->dev, rp->dctx, params, (const float *const *)grads, &applied);
-    rp->finite = eng_optim_last_finite(o);
-    if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, rp->dctx); /* the next step's plan reads the weights */
-    return st;
+    if (c->W > 1) return ENG_STATUS_OK; /* across processes: trn_dev_world, on the trainer's thread */
+    return dev_apply(c, rp, rp->gbuf);
+}
+
+eng_status trn_dev_world(trn_ctx *c, double *loss, double *acc) {
+    /* the processes' sums: rank 0's reduced gradients through host memory and MPI, then back to every replica */
+    int64_t total = 0;
+    for (int k = 0; k < c->nparams; k++)
+        if (c->params[k].out >= 0) total += c->params[k].n;
+    if (!c->dev_pack) ENG_TRY(krn_host_alloc(c->dev, (size_t)(total + 2) * sizeof(float), (void **)&c->dev_pack));
+    float *pack = c->dev_pack;
+    trn_replica *r0 = &c->reps[0];
+    int64_t off = 0;
+    for (int k = 0; k < c->nparams; k++) {
+        const trn_param *p = &c->params[k];
+        if (p->out < 0) continue;
+        ENG_TRY(krn_buf_get(c->dev, r0->dctx, pack + off, r0->gbuf[k], (size_t)p->n * sizeof(float)));
+        off += p->n;
+    }
+    ENG_TRY(krn_ctx_sync(c->dev, r0->dctx));
+    pack[total] = (float)*loss;
+    pack[total + 1] = (float)*acc;
+    ENG_TRY(eng_comm_allreduce(c->world, c->wrank, pack, total + 2, 0));
+    *loss = pack[total];
+    *acc = pack[total + 1];
+    for (int r = 0; r < c->R; r++) {
+        trn_replica *rp = &c->reps[r];
+        off = 0;
+        for (int k = 0; k < c->nparams; k++) {
+            const trn_param *p = &c->params[k];
+            if (p->out < 0) continue;
+            ENG_TRY(krn_buf_set(c->dev, rp->dctx, rp->gbuf[k], pack + off, (size_t)p->n * sizeof(float)));
+            off += p->n;
+        }
+        ENG_TRY(dev_apply(c, rp, rp->gbuf));
+    }
+    return ENG_STATUS_OK;
 }
 
 void trn_dev_free(trn_ctx *c) {
     if (!c->dev) return;
     krn_comm_free(c->dev, &c->dcomm);
+    krn_host_free(c->dev, c->dev_pack);
+    c->dev_pack = NULL;
     for (int r = 0; c->reps && r < c->R; r++) {
         trn_replica *rp = &c->reps[r];
         eng_optim_free(&rp->optim); /* before its context */
@@ -190,7 +240,9 @@ void trn_dev_free(trn_ctx *c) {
         }
         free(rp->dw);
         free(rp->dz);
+        free(rp->gbuf);
         rp->dw = rp->dz = NULL;
+        rp->gbuf = NULL;
         krn_ctx_free(c->dev, &rp->dctx);
     }
     free(c->dev_in);

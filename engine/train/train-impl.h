@@ -133,7 +133,8 @@ typedef struct trn_ctx {
      * copies (trn_param.w) are brought up to date by trn_weights_to_host before host code reads them (validation,
      * checkpoints, keep_best, the version) and pushed back by trn_weights_to_device after a resume. */
     const krn_backend *dev;          /* NULL: the host path */
-    krn_comm *dcomm;                 /* R > 1: the replicas' collective (NCCL on CUDA) */
+    krn_comm *dcomm;                 /* R > 1 or W > 1: the replicas' collective (NCCL on CUDA) */
+    float *dev_pack;                 /* W > 1: the process's reduced gradients on their way through MPI */
     unsigned char *dev_in, *dev_out; /* the training session's masks (by graph input / output) */
     int dev_dirty;                   /* the device weights changed since the last trn_weights_to_host */
     eng_comm *comm;         /* the R local replicas (threads) */
@@ -179,6 +180,7 @@ struct trn_replica {
      * no rows for, and optimizer (rank 0 uses the trainer's) */
     krn_ctx *dctx;
     void **dw, **dz;
+    void **gbuf;          /* this step's reduced gradient / statistic per param (device memory) */
     eng_optim *optim;
 };
 
@@ -198,6 +200,9 @@ void trn_replicas_free(trn_ctx *c);
 eng_status trn_dev_plan(trn_ctx *c, const eng_graph *gt, eng_session_opts *so);
 eng_status trn_dev_alloc(trn_ctx *c);
 eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok);
+/* W > 1, on the trainer's thread after the replicas: the processes' sum of the reduced gradients (and of loss / acc,
+ * the process's shares in, the job's out) through MPI, then every replica's update. */
+eng_status trn_dev_world(trn_ctx *c, double *loss, double *acc);
 void trn_dev_free(trn_ctx *c);
 eng_status trn_weights_to_host(trn_ctx *c);
 eng_status trn_weights_to_device(trn_ctx *c);

@@ -264,6 +264,7 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
             double share = b->rows > 0 ? (double)c->reps[r].rows / (double)b->rows : 0;
             if (c->reps[r].rows > 0) l += c->reps[r].loss * share, a += c->reps[r].acc * share;
         }
+        if (c->W > 1) ENG_TRY(trn_dev_world(c, &l, &a));
         *loss = l;
         *acc = a;
         c->dev_dirty = 1;

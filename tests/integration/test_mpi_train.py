@@ -5,6 +5,8 @@
   behind; metrics.json says processes = 2.
 - A rank killed mid-run ends the job with a non-zero exit naming the killed rank, within the timeout (no hang), and
   no version is written.
+- Two ranks with device-resident replicas (`--devices sim:0`, and two devices each) write the weights of one process,
+  with no weight copies per step (the ranks' gradient sums go through MPI, the weights stay on the devices).
 - `--job` (the admin worker's mode) under mpirun is refused, and so is TENSORD_WORLD_SIZE > 1 outside mpirun (the
   Kubernetes training template's variables, whose coordinator needs NCCL).
 
@@ -13,6 +15,7 @@ missing mpirun is a broken install and fails.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -89,6 +92,29 @@ def test_two_ranks_write_the_weights_of_one_process(tensord_bin, mpirun, setup):
         assert abs(m["epochs"][-1]["loss"] - m1["epochs"][-1]["loss"]) <= 1e-5, (m["epochs"][-1], m1["epochs"][-1])
     assert sorted(os.listdir(base)) == ["1", "2", "3", "4", "logs"], os.listdir(base)
     assert sorted(os.listdir(base / "logs")) == ["2", "3", "4"]
+
+
+def test_two_ranks_on_devices_write_the_weights_of_one_process(tensord_bin, mpirun, setup):
+    """Device-resident replicas across processes (engine/train/train-device.c): each rank reduces its replicas on its
+    devices ("sim", a device in host memory, one per process), then the ranks' sums go through MPI and back to every
+    replica before the update; the weights equal one process's on the CPU within 1e-5."""
+    base, data = setup
+    cp = subprocess.run(train_args(tensord_bin, base, data, 2), capture_output=True, text=True, timeout=TIMEOUT)
+    assert cp.returncode == 0, cp.stderr
+    alone = subprocess.run(train_args(tensord_bin, base, data, 5, extra=("--devices", "sim:0")), capture_output=True,
+                           text=True, timeout=TIMEOUT)
+    assert alone.returncode == 0, alone.stderr
+    copies = re.search(r"(\d+) copies, \d+ bytes per run", alone.stderr).group(1)  # no weight traffic per step
+    for v, devices in ((3, "sim:0"), (4, "sim:0,sim:1")):
+        cp = subprocess.run(mpirun + ["-np", "2"] + train_args(tensord_bin, base, data, v, extra=("--devices", devices)),
+                            capture_output=True, text=True, timeout=TIMEOUT)
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+        assert re.search(r"; %s copies, \d+ bytes per run" % copies, cp.stderr), cp.stderr
+        one, two = weights(base, 2), weights(base, v)
+        for k in one:
+            scale = max(1.0, float(np.abs(one[k]).max()))
+            err = float(np.abs(one[k] - two[k]).max())
+            assert err <= 1e-5 * scale, f"version {v} ({devices}): {k} differs by {err} (scale {scale})"
 
 
 def rank_pid(rank):
