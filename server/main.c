@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "../kernels/kernel.h"
 #include "srv.h"
 
 /* Weak while the training files are being written: a build without them says so instead of failing to link. */
@@ -101,6 +102,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "conformance") == 0) return srv_cmd_conformance(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("tensord %s\n", TENSORD_VERSION);
+        printf("devices: cpu; %s\n", krn_backend_auto_note()); /* CUDA plugin, driver and devices, or why not */
         return 0;
     }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {

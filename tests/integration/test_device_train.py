@@ -160,3 +160,13 @@ def test_loss_scaling_runs_on_the_device_like_the_cpu(tensord_bin, setup):
         close(weights(base, 8), weights(base, 9))
     else:
         assert "not finite" in db.stdout + db.stderr and not (base / "9").exists()
+
+
+def test_version_says_which_devices_this_binary_sees(tensord_bin):
+    cp = subprocess.run([tensord_bin, "version"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert cp.returncode == 0
+    line = cp.stdout.splitlines()[1]
+    assert line.startswith("devices: cpu; "), cp.stdout
+    assert "no CUDA device, using CPU (" in line or "using CUDA (" in line, line
+    # a built plugin loads (every engine symbol it needs is exported); only a driver or a device may be missing
+    assert "did not load" not in line and "another tensord" not in line, line

@@ -164,6 +164,23 @@ def test_job_streams_progress_and_writes_new_version(tensord_bin, base, fashion_
     assert os.listdir(os.path.join(base, "logs")) == ["5"]
 
 
+def test_job_on_device_replicas_trains_as_on_the_cpu(tensord_bin, base, fashion_npz, tmp_path):
+    """A job file's "devices" reach the trainer: the same job on two sim devices (the admin API's "devices": device-
+    resident replicas, their gradients all-reduced on the devices) ends at the weights of two CPU replicas."""
+    cp, ev = run_job(tensord_bin, write_job(tmp_path, make_job(base, fashion_npz, replicas=2, new_version=5)))
+    assert cp.returncode == 0 and ev[-1]["event"] == "done", cp.stderr
+    cp, ev = run_job(tensord_bin, write_job(tmp_path, make_job(base, fashion_npz, devices=["sim:0", "sim:1"],
+                                                               new_version=6), "job2.json"))
+    assert cp.returncode == 0 and ev[-1]["event"] == "done", cp.stderr
+    assert "plan on sim:1" in cp.stderr, cp.stderr
+    import onnx
+    from onnx import numpy_helper
+    w = [{i.name: numpy_helper.to_array(i) for i in onnx.load(os.path.join(base, v, "model.onnx")).graph.initializer}
+         for v in ("5", "6")]
+    for k in w[0]:
+        assert np.abs(w[0][k] - w[1][k]).max() <= 1e-5 * max(1.0, float(np.abs(w[0][k]).max())), k
+
+
 def test_job_without_validation_writes_null_not_nan(tensord_bin, base, fashion_npz, tmp_path):
     job = make_job(base, fashion_npz, epochs=1, new_version=2)
     del job["val_split"], job["early_stopping"]
