@@ -16,26 +16,16 @@ import shutil
 import subprocess
 
 import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
+
+from train_util import mlp_and_data, weights
 
 TIMEOUT = 180
 
 
 @pytest.fixture
 def setup(tensord_bin, tmp_path):
-    base = tmp_path / "m"
-    cp = subprocess.run([tensord_bin, "init", "--arch", "mlp", "--opt", "input=20", "--opt", "hidden=32",
-                         "--opt", "classes=3", "--seed", "0", "--out", str(base / "1")],
-                        capture_output=True, text=True, timeout=TIMEOUT)
-    assert cp.returncode == 0, cp.stderr
-    rng = np.random.default_rng(1)
-    x = rng.random((400, 20)).astype(np.float32)
-    y = (x[:, :3].sum(1) * 2).astype(np.int64) % 3
-    data = tmp_path / "d.npz"
-    np.savez(data, x=x, label=y)
-    return base, data
+    return mlp_and_data(tensord_bin, tmp_path, 400)
 
 
 def train(tensord_bin, base, data, version, extra=(), env=None):
@@ -43,11 +33,6 @@ def train(tensord_bin, base, data, version, extra=(), env=None):
             "--data", str(data), "--epochs", "2", "--batch-size", "40", "--optimizer", "adam", "--lr", "0.01",
             "--loss", "sparse_categorical_crossentropy", "--seed", "3", "--threads", "1", "--no-progress", *extra]
     return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, **(env or {})})
-
-
-def weights(base, version):
-    m = onnx.load(str(base / str(version) / "model.onnx"))
-    return {i.name: numpy_helper.to_array(i) for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
 
 
 def close(a, b):

@@ -22,9 +22,9 @@ import subprocess
 import time
 
 import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
+
+from train_util import mlp_and_data, weights
 
 TIMEOUT = 120
 MPIRUN = shutil.which("mpirun")
@@ -43,17 +43,7 @@ def mpirun():
 
 @pytest.fixture
 def setup(tensord_bin, tmp_path):
-    base = tmp_path / "m"
-    cp = subprocess.run([tensord_bin, "init", "--arch", "mlp", "--opt", "input=20", "--opt", "hidden=32",
-                         "--opt", "classes=3", "--seed", "0", "--out", str(base / "1")],
-                        capture_output=True, text=True, timeout=TIMEOUT)
-    assert cp.returncode == 0, cp.stderr
-    rng = np.random.default_rng(1)
-    x = rng.random((600, 20)).astype(np.float32)
-    y = (x[:, :3].sum(1) * 2).astype(np.int64) % 3
-    data = tmp_path / "d.npz"
-    np.savez(data, x=x, label=y)
-    return base, data
+    return mlp_and_data(tensord_bin, tmp_path, 600)
 
 
 def train_args(tensord_bin, base, data, version, epochs=3, batch=48, extra=()):
@@ -62,11 +52,6 @@ def train_args(tensord_bin, base, data, version, epochs=3, batch=48, extra=()):
             "--data", str(data), "--epochs", str(epochs), "--batch-size", str(batch), "--optimizer", "adam",
             "--lr", "0.01", "--loss", "sparse_categorical_crossentropy", "--seed", "3", "--threads", "1",
             "--no-progress", *extra]
-
-
-def weights(base, version):
-    m = onnx.load(str(base / str(version) / "model.onnx"))
-    return {i.name: numpy_helper.to_array(i) for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
 
 
 def test_two_ranks_write_the_weights_of_one_process(tensord_bin, mpirun, setup):
