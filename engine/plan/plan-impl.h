@@ -68,6 +68,9 @@ struct eng_plan {
     void **dev_owned;        /* device constants uploaded at plan time */
     int ndev_owned;
     int dev_steps;           /* steps placed on the device */
+    const unsigned char *cpu_only; /* per node: keep it on the CPU (its device kernel's init failed); may be NULL */
+    unsigned char *cpu_only_owned; /* the same set, owned by the plan that was made with it */
+    int init_failed_node;    /* the node whose device kernel's init failed in this attempt, or -1 */
     size_t xfer_bytes;       /* bytes copied per run */
 };
 

@@ -125,7 +125,7 @@ eng_status plan_place(eng_plan *p) {
     /* place */
     for (int si = 0; si < p->nsteps; si++) {
         plan_step *s = &p->steps[si];
-        if (!s->kernel || !s->dev_kernel || !step_supported(p, s)) continue;
+        if (!s->kernel || !s->dev_kernel || (p->cpu_only && p->cpu_only[s->node]) || !step_supported(p, s)) continue;
         s->on_dev = 1;
         s->kernel = s->dev_kernel;
         p->dev_steps++;
@@ -189,7 +189,8 @@ eng_status plan_place(eng_plan *p) {
             if (!s->kernel || s->on_dev) continue;
             const eng_node *n = &g->nodes[s->node];
             k += (size_t)snprintf(line + k, sizeof line - k, "%s'%s' (%s%s)", shown ? ", " : "", n->name, n->op_type,
-                                  s->dev_kernel ? ": this call unsupported" : ": no kernel");
+                                  !s->dev_kernel ? ": no kernel"
+                                  : p->cpu_only && p->cpu_only[s->node] ? ": its init failed" : ": this call unsupported");
             if (k >= sizeof line) k = sizeof line - 1;
             shown++;
         }

@@ -297,7 +297,10 @@ static eng_status init_steps(eng_plan *p) {
                       .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute,
                       .ctx = s->on_dev ? p->ctx : NULL};
         eng_status st = s->kernel->init(&c);
-        if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
+        if (st != ENG_STATUS_OK) {
+            if (s->on_dev) p->init_failed_node = s->node;
+            return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
+        }
         s->state = c.state;
         s->inited = 1;
         step_describe(g, s, &c);
@@ -305,11 +308,16 @@ static eng_status init_steps(eng_plan *p) {
     return ENG_STATUS_OK;
 }
 
-eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng_tensor *inputs, eng_plan **out) {
+/* One attempt at a plan; `cpu_only` (may be NULL): nodes a device plan must run on the CPU (their device kernel's
+ * init failed in an earlier attempt). On a device kernel's init failure *failed_node is that node. */
+static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, const eng_tensor *inputs,
+                                const unsigned char *cpu_only, int *failed_node, eng_plan **out) {
     *out = NULL;
     eng_plan *p = calloc(1, sizeof *p);
     if (!p) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
     p->g = g;
+    p->cpu_only = cpu_only;
+    p->init_failed_node = -1;
     if (opts) p->opts = *opts;
     p->nthreads = p->opts.nthreads > 0 ? p->opts.nthreads : omp_get_num_procs();
     if (p->opts.backend && !krn_backend_is_host(p->opts.backend)) {
@@ -511,7 +519,29 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
     return ENG_STATUS_OK;
 fail:
     free(order);
+    if (p) *failed_node = p->init_failed_node;
     eng_plan_free(&p);
+    return st;
+}
+
+/* A device kernel that accepted a call in supports() can still fail its init (no cuBLASLt algorithm, no cuDNN
+ * algorithm within the workspace, a descriptor it cannot make): that node then runs on the CPU, said once, and the
+ * plan is made again without it on the device. */
+eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng_tensor *inputs, eng_plan **out) {
+    unsigned char *cpu_only = NULL;
+    eng_status st;
+    for (;;) {
+        int failed = -1;
+        st = plan_new_once(g, opts, inputs, cpu_only, &failed, out);
+        if (st == ENG_STATUS_OK || failed < 0 || st == ENG_STATUS_OUT_OF_MEMORY) break;
+        if (!cpu_only && !(cpu_only = calloc((size_t)g->nnodes + 1, 1))) break;
+        if (cpu_only[failed]) break; /* cannot happen: it ran on the CPU this time */
+        cpu_only[failed] = 1;
+        fprintf(stderr, "tensord: %s kernel init failed: %s; running that node on the CPU\n",
+                krn_backend_name(opts->backend), eng_last_error()); /* the message names the node */
+    }
+    if (*out) (*out)->cpu_only_owned = cpu_only; /* the plan keeps the set it was made with */
+    else free(cpu_only);
     return st;
 }
 
@@ -683,6 +713,7 @@ void eng_plan_free(eng_plan **pp) {
         free_params(s->def, s->params);
     }
     plan_place_free(p);
+    free(p->cpu_only_owned);
     if (p->dyn_bufs) dyn_reset(p);
     for (int i = 0; i < p->nowned; i++) eng_free(p->owned[i]);
     free(p->owned);

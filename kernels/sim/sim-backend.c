@@ -7,7 +7,8 @@
  * count (TENSORD_SIM_DEVICES, default 2). Its kernels are a subset of the CPU's, run through wrappers that check
  * every tensor they get is sim memory: the ops it lacks (LayerNormalization, Gather, ...) exercise the planner's
  * fallback and copies. Fault injection for the bad-condition tests: TENSORD_SIM_FAIL_KERNEL=name[:N] makes the N-th
- * exec of kernel `name` in this process (every one without :N) fail as a CUDA launch failure does.
+ * exec of kernel `name` in this process (every one without :N) fail as a CUDA launch failure does;
+ * TENSORD_SIM_FAIL_INIT=name makes its init fail as a cuBLASLt / cuDNN algorithm search can.
  * Never for serving: `--device sim` says in the log that it is a test device.
  */
 #define _GNU_SOURCE
@@ -254,7 +255,7 @@ static int sim_should_fail(const char *name) {
 
 static eng_status sim_call(const krn_kernel *k, krn_call *c, int init, const char *name) {
     if (!k) return eng_err(ENG_STATUS_INTERNAL, "sim: the CPU has no kernel '%s'", name);
-    if (init && !k->init) return ENG_STATUS_OK;
+    if (init && !k->init && !getenv("TENSORD_SIM_FAIL_INIT")) return ENG_STATUS_OK;
     int dev = c->ctx ? c->ctx->dev : -1;
     if (dev < 0) return eng_err(ENG_STATUS_INTERNAL, "sim kernel '%s' called without its context", name);
     for (int i = 0; i < c->nin + c->nout; i++) {
@@ -267,13 +268,16 @@ static eng_status sim_call(const krn_kernel *k, krn_call *c, int init, const cha
     }
     if (!init && sim_should_fail(name))
         return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected launch failure (TENSORD_SIM_FAIL_KERNEL)", dev, name);
+    const char *fi = getenv("TENSORD_SIM_FAIL_INIT");
+    if (init && fi && !strcmp(fi, name))
+        return eng_err(ENG_STATUS_UNSUPPORTED, "sim:%d: kernel '%s': injected init failure (TENSORD_SIM_FAIL_INIT)", dev, name);
     for (int i = 0; i < c->nin + c->nout; i++) {
         const eng_tensor *t = i < c->nin ? &c->in[i] : &c->out[i - c->nin];
         if (t->data && t->dtype != ENG_DTYPE_UNDEFINED) sim_prot(t->data, eng_tensor_nbytes(t), 1);
     }
     krn_ctx *ctx = c->ctx;
     c->ctx = NULL; /* the CPU kernel runs as on the CPU */
-    eng_status st = init ? k->init(c) : k->exec(c);
+    eng_status st = init ? (k->init ? k->init(c) : ENG_STATUS_OK) : k->exec(c);
     c->ctx = ctx;
     for (int i = 0; i < c->nin + c->nout; i++) {
         const eng_tensor *t = i < c->nin ? &c->in[i] : &c->out[i - c->nin];

@@ -135,6 +135,20 @@ Test(place, a_kernel_failing_inside_a_run_fails_that_run_only) {
     eng_graph_free(&g);
 }
 
+Test(place, a_device_kernel_whose_init_fails_runs_that_node_on_the_cpu) {
+    float y0[B * H], r0[B * H], y1[B * H], r1[B * H];
+    cr_assert_eq(run(NULL, ENG_PRECISION_FP32, y0, r0, NULL), ENG_STATUS_OK, "%s", eng_last_error());
+    setenv("TENSORD_SIM_FAIL_INIT", "softmax", 1); /* as a cuDNN / cuBLASLt algorithm search can fail */
+    eng_plan_stats st;
+    eng_status s = run(krn_backend_sim(), ENG_PRECISION_FP32, y1, r1, &st);
+    unsetenv("TENSORD_SIM_FAIL_INIT");
+    cr_assert_eq(s, ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert_eq(st.fallback_steps, 2, "LayerNorm and now Softmax on the CPU: %d", st.fallback_steps);
+    cr_assert_eq(st.device_steps, 4);
+    cr_assert_eq(memcmp(y0, y1, sizeof y0), 0);
+    cr_assert_eq(memcmp(r0, r1, sizeof r0), 0);
+}
+
 Test(place, an_unnamed_node_is_named_by_the_value_it_writes) {
     eng_graph *g = mlp();
     for (int i = 0; i < g->nnodes; i++)
