@@ -165,6 +165,30 @@ def build_resnet(hw=64, c_in=3, widths=(16, 32, 64), blocks=2, classes=10, seed=
     return b.model("resnet", [_io("x", [BATCH, c_in, hw, hw])], [_io("y", [BATCH, classes])])
 
 
+def build_resnet50(hw=224, classes=1000, seed=5):
+    """ResNet-50 v1.5's shape (torchvision's): stem conv7x7/2 + BN + Relu + MaxPool3x3/2, bottleneck stages of
+    3, 4, 6, 3 blocks (1x1 -> 3x3 (stride here) -> 1x1 x4, projection on the first block of each stage), global
+    average pool, Dense(classes). Random weights: for GPU runs where torchvision is absent (tests/gpu/run.sh); input
+    "x" [N, 3, hw, hw], output "y" [N, classes]."""
+    b = _Builder(seed)
+    h = b.node("Relu", [b.bn(b.conv("x", 3, 64, 7, stride=2, pad=3, bias=False), 64)])
+    h = b.node("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c = 64
+    for si, (w, n) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for bi in range(n):
+            stride = 2 if (si > 0 and bi == 0) else 1
+            y = b.node("Relu", [b.bn(b.conv(h, c, w, 1, bias=False), w)])
+            y = b.node("Relu", [b.bn(b.conv(y, w, w, 3, stride=stride, pad=1, bias=False), w)])
+            y = b.bn(b.conv(y, w, 4 * w, 1, bias=False), 4 * w)
+            skip = h if (stride == 1 and c == 4 * w) else b.bn(b.conv(h, c, 4 * w, 1, stride=stride, bias=False), 4 * w)
+            h = b.node("Relu", [b.node("Add", [y, skip])])
+            c = 4 * w
+    h = b.node("Flatten", [b.node("GlobalAveragePool", [h])], axis=1)
+    b.node("Gemm", [h, b.weight("W", (classes, c), c, classes), b.small("B", (classes,))], name="y", transB=1)
+    b.nodes[-1].output[0] = "y"
+    return b.model("resnet50", [_io("x", [BATCH, 3, hw, hw])], [_io("y", [BATCH, classes])])
+
+
 def build_transformer(layers=4, d=256, heads=4, seq=128, ffn=1024, seed=4):
     """Post-LN BERT encoder layers over float embeddings x [N,seq,d]; output y [N,seq,d] (hidden states)."""
     assert d % heads == 0

@@ -9,8 +9,9 @@
 #   ops       test_ops: every ONNX node-test op on cpu, sim and cuda, each precision, against the CPU's fp32
 #   matmul    gpu_bench: the backend's fp16/bf16 matmul kernel vs a bare cuBLASLt call, TFLOP/s (bar: >= 0.70)
 #   parity    tensord train on the device vs the CPU, same seed and data: weights after 2 epochs (MLP, seed CNN)
-#   train     examples/s on the device vs the CPU: seed CNN, ResNet-50 (torchvision export, or tensord's zoo
-#             ResNet when torchvision is absent), the BERT-base-shaped encoder (fp32 and mixed_bf16, bf16 MFU)
+#   train     examples/s on the device vs the CPU: seed CNN, ResNet-50 (torchvision's export, or the same
+#             architecture from bench/models.py when torchvision is absent), the BERT-base-shaped encoder (fp32 and
+#             mixed_bf16, bf16 MFU)
 #   serve     ResNet-50 served on the device: predictions vs onnxruntime; gRPC ModelInfer throughput at 64
 #             concurrent clients with and without dynamic batching (bar: batched >= 3x unbatched)
 # Environment: TENSORD_GPU_DEVICE (default cuda:0); TENSORD_GPU_QUICK=1 shrinks every size (checks the script
@@ -177,13 +178,13 @@ st_train() {
     local rn=$WORK/t-rn s=$(size 224 64)
     if $PY bench/realarch_export.py --out "$WORK/ra" --models resnet50 --batches 1 --size "$s" >/dev/null 2>&1 &&
        [ -f "$WORK/ra/resnet50/model.onnx" ]; then
-        mkdir -p "$rn/1" && cp "$WORK/ra/resnet50/model.onnx" "$rn/1/"
         rname="ResNet-50 (torchvision, ${s}px)"
-    else
-        "$BIN/tensord" init --arch resnet-small --opt input=3,$s,$s --opt width=$(size 64 8) --opt blocks=$(size 4 1) \
-            --seed 0 --out "$rn/1" || return 1
-        rname="zoo ResNet (no torchvision here)"
+    else # the same architecture written with onnx.helper (bench/models.py build_resnet50), random weights
+        mkdir -p "$WORK/ra/resnet50"
+        $PY -c "import sys; sys.path.insert(0, 'bench'); import models; models.write_model(models.build_resnet50(hw=$s), '$WORK/ra/resnet50/model.onnx')" || return 1
+        rname="ResNet-50 (bench/models.py, ${s}px; no torchvision here)"
     fi
+    mkdir -p "$rn/1" && cp "$WORK/ra/resnet50/model.onnx" "$rn/1/"
     gen_data "$WORK/t-rn.npz" img$s "$(size 2048 64)"
     gen_data "$WORK/t-rn-cpu.npz" img$s "$(size 128 32)"
     if train "$rn" "$WORK/t-rn.npz" 3 "$DEV" 32 1 --replace-head 10 && train "$rn" "$WORK/t-rn-cpu.npz" 2 cpu 32 1 --replace-head 10; then
@@ -212,7 +213,7 @@ stage train st_train
 free_port() { $PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 st_serve() {
     local m=$WORK/ra/resnet50/model.onnx
-    [ -f "$m" ] || { echo "no ResNet-50 export (torchvision absent)"; return 77; }
+    [ -f "$m" ] || { echo "no ResNet-50 (the train stage writes it)"; return 77; }
     mkdir -p "$WORK/srv/resnet50/1" && cp "$m" "$WORK/srv/resnet50/1/"
     local fig="" rc=0
     for mode in unbatched batched; do
