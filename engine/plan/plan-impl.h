@@ -68,8 +68,8 @@ struct eng_plan {
     void **dev_owned;        /* device constants uploaded at plan time */
     int ndev_owned;
     int dev_steps;           /* steps placed on the device */
-    const unsigned char *cpu_only; /* per node: keep it on the CPU (its device kernel's init failed); may be NULL */
-    unsigned char *cpu_only_owned; /* the same set, owned by the plan that was made with it */
+    const unsigned char *cpu_only; /* while placing: per node, keep it on the CPU (its device kernel's init failed);
+                                    * NULL otherwise (eng_plan_new's set) */
     int init_failed_node;    /* the node whose device kernel's init failed in this attempt, or -1 */
     size_t xfer_bytes;       /* bytes copied per run */
 };
@@ -77,11 +77,17 @@ struct eng_plan {
 /* plan-place.c. plan_place: after shape inference and folding, before precision and memory: place each kernel step
  * on the device where its kernel there supports the call, else the CPU; find the roots each side reads and the
  * copies between. plan_place_memory lays out the device arena and the mirrors and uploads constants;
- * plan_place_data: the data pointer step s must use for value v; plan_place_run runs a placed static plan. */
+ * plan_place_data: the data pointer step s must use for value v. */
 eng_status plan_place(eng_plan *p);
 eng_status plan_place_memory(eng_plan *p);
 void *plan_place_data(const eng_plan *p, const plan_step *s, int v);
-eng_status plan_place_run(eng_plan *p);
+/* The copies due before step si (nsteps: after the last), from *xi on; *pending set when any was queued. */
+eng_status plan_place_xfers(eng_plan *p, int si, int *xi, int *pending);
+/* After a device plan's steps (st: how they went): the last copies, the stream drained (also after a failure), then
+ * the device kernels' after-run checks (krn_kernel.check). */
+eng_status plan_place_finish(eng_plan *p, eng_status st, int *xi, int *pending);
+/* Whether opts asks for device-resident inputs or outputs. */
+int plan_resident_io(const eng_plan *p);
 void plan_place_free(eng_plan *p);
 /* Lifetime (first, last step) of each root as plan_layout sees it; first[v] = -1 for values no step touches. */
 void plan_lifetimes(const eng_plan *p, int *first, int *last);
@@ -96,6 +102,11 @@ const char *plan_node_label(const eng_graph *g, const eng_node *n, char *buf, si
  * plans), after shape inference and folding, before memory planning. */
 eng_status plan_precision(eng_plan *p);
 
+
+/* The call step s makes now: its tensors as its side holds them (device plans: mirrors where its inputs live on the
+ * other side), params, state, context. */
+void plan_step_call(const eng_plan *p, const plan_step *s, eng_tensor *in, eng_tensor *out, krn_call *c);
+double plan_now_ms(void);
 
 /* in/out: node n's inputs and outputs as the plan holds them now; omitted ones zeroed. */
 void plan_node_tensors(const eng_plan *p, const eng_node *n, eng_tensor *in, eng_tensor *out);

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "plan-impl.h"
 
@@ -83,16 +82,22 @@ static eng_status dev_consts_get(eng_dev_consts *c, const void *host, size_t nby
     return ENG_STATUS_OK;
 }
 
-/* The call step s would make, without data. */
+/* Whether the device kernel takes the call step s would make (shapes, dtypes, params; no data). */
 static int step_supported(const eng_plan *p, const plan_step *s) {
-    const eng_node *n = &p->g->nodes[s->node];
     eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];
-    plan_node_tensors(p, n, in, out);
-    for (int i = 0; i < n->nin; i++) in[i].data = NULL;
-    for (int i = 0; i < n->nout; i++) out[i].data = NULL;
-    krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout, .nthreads = p->nthreads,
-                  .const_mask = s->const_mask};
+    krn_call c;
+    plan_step_call(p, s, in, out, &c);
+    for (int i = 0; i < c.nin; i++) in[i].data = NULL;
+    for (int i = 0; i < c.nout; i++) out[i].data = NULL;
     return !s->dev_kernel->supports || s->dev_kernel->supports(&c);
+}
+
+int plan_resident_io(const eng_plan *p) {
+    const eng_graph *g = p->g;
+    int r = 0;
+    for (int i = 0; p->opts.dev_inputs && i < g->ninputs; i++) r |= p->opts.dev_inputs[i];
+    for (int i = 0; p->opts.dev_outputs && i < g->noutputs; i++) r |= p->opts.dev_outputs[i];
+    return r;
 }
 
 static eng_status xfer_add(eng_plan *p, int *cap, int step, int root, int to_dev) {
@@ -133,14 +138,9 @@ eng_status plan_place(eng_plan *p) {
         for (int i = 0; i < n->nout; i++)
             if (n->outputs[i] >= 0 && p->root[n->outputs[i]] == n->outputs[i]) p->loc[n->outputs[i]] = 1;
     }
-    int resident = 0; /* device-resident inputs live on the device from the start */
-    for (int i = 0; i < g->ninputs; i++)
-        if (p->opts.dev_inputs && p->opts.dev_inputs[i] && p->kind[g->inputs[i]] == VAL_INPUT) {
-            p->loc[g->inputs[i]] = 1;
-            resident = 1;
-        }
-    for (int i = 0; p->opts.dev_outputs && i < g->noutputs; i++) resident |= p->opts.dev_outputs[i];
-    if (resident && !p->dev_steps)
+    for (int i = 0; p->opts.dev_inputs && i < g->ninputs; i++) /* device-resident inputs live there from the start */
+        if (p->opts.dev_inputs[i] && p->kind[g->inputs[i]] == VAL_INPUT) p->loc[g->inputs[i]] = 1;
+    if (plan_resident_io(p) && !p->dev_steps)
         return eng_err(ENG_STATUS_UNSUPPORTED, "device-resident inputs or outputs on %s:%d, but no step of this plan runs "
                        "there", krn_backend_name(p->dev), p->device);
     if (!p->dev_steps) return ENG_STATUS_OK;
@@ -298,8 +298,7 @@ void plan_place_free(eng_plan *p) {
     free(p->xfers);
 }
 
-/* Run the copies due before step si (nsteps: after the last), from *xi on. */
-static eng_status run_xfers(eng_plan *p, int si, int *xi, int *pending) {
+eng_status plan_place_xfers(eng_plan *p, int si, int *xi, int *pending) {
     for (; *xi < p->nxfers && p->xfers[*xi].step == si; (*xi)++) {
         const plan_xfer *x = &p->xfers[*xi];
         int r = x->root;
@@ -315,64 +314,23 @@ static eng_status run_xfers(eng_plan *p, int si, int *xi, int *pending) {
     return ENG_STATUS_OK;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-eng_status plan_place_run(eng_plan *p) {
+eng_status plan_place_finish(eng_plan *p, eng_status st, int *xi, int *pending) {
     const eng_graph *g = p->g;
-    eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
-    char lb[300];
-    int xi = 0, pending = 0;
-    eng_status st = krn_ctx_enter(p->dev, p->ctx);
-    for (int si = 0; si < p->nsteps && st == ENG_STATUS_OK; si++) {
-        plan_step *s = &p->steps[si];
-        const eng_node *n = &g->nodes[s->node];
-        st = run_xfers(p, si, &xi, &pending);
-        if (st != ENG_STATUS_OK) break;
-        if (!s->kernel) { /* alias: its root's bytes, on either side */
-            p->vals[n->outputs[0]].data = p->vals[n->inputs[0]].data;
-            continue;
-        }
-        if (!s->on_dev && pending) {
-            st = krn_ctx_sync(p->dev, p->ctx);
-            if (st != ENG_STATUS_OK) break;
-            pending = 0;
-        }
-        plan_node_tensors(p, n, in, outs);
-        for (int i = 0; i < n->nin; i++)
-            if (n->inputs[i] >= 0 && in[i].dtype != ENG_DTYPE_UNDEFINED) in[i].data = plan_place_data(p, s, n->inputs[i]);
-        krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = outs, .nout = n->nout, .state = s->state,
-                      .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute,
-                      .ctx = s->on_dev ? p->ctx : NULL};
-        double t0 = p->prof_ms ? now_ms() : 0;
-        st = s->kernel->exec(&c);
-        if (p->prof_ms) { /* device steps: the time to queue them, unless TENSORD_PROFILE syncs each */
-            if (s->on_dev && st == ENG_STATUS_OK) st = krn_ctx_sync(p->dev, p->ctx);
-            p->prof_ms[si] += now_ms() - t0;
-        }
-        if (s->on_dev) pending = 1;
-        if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
-    }
-    if (st == ENG_STATUS_OK) st = run_xfers(p, p->nsteps, &xi, &pending);
+    if (st == ENG_STATUS_OK) st = plan_place_xfers(p, p->nsteps, xi, pending);
     /* always drain the stream: after a failure too, queued work must not outlive this run's buffers */
     eng_status sst = krn_ctx_sync(p->dev, p->ctx);
     if (st == ENG_STATUS_OK && sst != ENG_STATUS_OK)
         st = eng_err_prefix(sst, "%s:%d: ", krn_backend_name(p->dev), p->device);
     /* what device kernels could not report while queued (an index out of range): the first, as the CPU would */
+    eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
+    char lb[300];
     for (int si = 0; st == ENG_STATUS_OK && si < p->nsteps; si++) {
-        plan_step *s = &p->steps[si];
+        const plan_step *s = &p->steps[si];
         if (!s->on_dev || !s->kernel->check) continue;
-        const eng_node *n = &g->nodes[s->node];
-        plan_node_tensors(p, n, in, outs);
-        for (int i = 0; i < n->nin; i++)
-            if (n->inputs[i] >= 0 && in[i].dtype != ENG_DTYPE_UNDEFINED) in[i].data = plan_place_data(p, s, n->inputs[i]);
-        krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = outs, .nout = n->nout, .state = s->state,
-                      .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute, .ctx = p->ctx};
+        krn_call c;
+        plan_step_call(p, s, in, outs, &c);
         st = s->kernel->check(&c);
-        if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
+        if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(g, &g->nodes[s->node], lb, sizeof lb));
     }
     return st;
 }

@@ -82,20 +82,12 @@ eng_status eng_plan_precision_check(const eng_graph *g, const krn_backend *b, en
     return ENG_STATUS_OK;
 }
 
-/* The call step si would make, shapes and dtypes as the plan has them now, no data. */
-static void step_call(const eng_plan *p, const plan_step *s, eng_tensor *in, eng_tensor *out, krn_call *c) {
-    const eng_node *n = &p->g->nodes[s->node];
-    plan_node_tensors(p, n, in, out);
-    *c = (krn_call){.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
-                    .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute};
-}
-
 /* Step s can run as the plan has it now: computing in dt (when s->compute == dt or `compute`), or, for an fp32
  * step, with some of its tensors in dt (io_ok). */
 static int step_can(const eng_plan *p, const plan_step *s, eng_dtype dt, int compute) {
     eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];
     krn_call c;
-    step_call(p, s, in, out, &c);
+    plan_step_call(p, s, in, out, &c); /* shapes and dtypes as the plan has them now; no arena yet */
     if (compute || s->compute == dt) return s->kernel->compute_ok(&c, dt);
     return s->kernel->io_ok ? s->kernel->io_ok(&c, dt) : 0;
 }

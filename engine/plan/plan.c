@@ -20,7 +20,7 @@
 #include "../ops/op.h"
 #include "plan-impl.h"
 
-static double plan_now_ms(void) {
+double plan_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
@@ -62,6 +62,16 @@ void plan_node_tensors(const eng_plan *p, const eng_node *n, eng_tensor *in, eng
         if (n->outputs[i] >= 0) out[i] = p->vals[n->outputs[i]];
         else memset(&out[i], 0, sizeof out[i]);
     }
+}
+
+void plan_step_call(const eng_plan *p, const plan_step *s, eng_tensor *in, eng_tensor *out, krn_call *c) {
+    const eng_node *n = &p->g->nodes[s->node];
+    plan_node_tensors(p, n, in, out);
+    for (int i = 0; p->loc && i < n->nin; i++) /* a device plan: each input as the step's side holds it */
+        if (n->inputs[i] >= 0 && in[i].dtype != ENG_DTYPE_UNDEFINED) in[i].data = plan_place_data(p, s, n->inputs[i]);
+    *c = (krn_call){.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout, .state = s->state,
+                    .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute,
+                    .ctx = s->on_dev ? p->ctx : NULL};
 }
 
 /* Build an op context's tensors for node n from vals. */
@@ -290,12 +300,8 @@ static eng_status init_steps(eng_plan *p) {
         plan_step *s = &p->steps[si];
         if (!s->kernel || !s->kernel->init) continue;
         const eng_node *n = &g->nodes[s->node];
-        plan_node_tensors(p, n, in, out);
-        for (int i = 0; p->loc && i < n->nin; i++)
-            if (n->inputs[i] >= 0 && in[i].dtype != ENG_DTYPE_UNDEFINED) in[i].data = plan_place_data(p, s, n->inputs[i]);
-        krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
-                      .nthreads = p->nthreads, .const_mask = s->const_mask, .compute = s->compute,
-                      .ctx = s->on_dev ? p->ctx : NULL};
+        krn_call c;
+        plan_step_call(p, s, in, out, &c);
         eng_status st = s->kernel->init(&c);
         if (st != ENG_STATUS_OK) {
             if (s->on_dev) p->init_failed_node = s->node;
@@ -469,10 +475,7 @@ static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, c
             goto fail;
         }
     }
-    int resident = 0;
-    for (int i = 0; p->opts.dev_inputs && i < g->ninputs; i++) resident |= p->opts.dev_inputs[i];
-    for (int i = 0; p->opts.dev_outputs && i < g->noutputs; i++) resident |= p->opts.dev_outputs[i];
-    if (resident && (!p->dev || p->dynamic)) {
+    if (plan_resident_io(p) && (!p->dev || p->dynamic)) {
         st = eng_err(ENG_STATUS_UNSUPPORTED, "device-resident inputs or outputs need a plan on a device backend with "
                      "shapes fixed at plan time (%s)", p->dev ? "this plan's shapes depend on runtime values" : "none given");
         goto fail;
@@ -540,8 +543,8 @@ eng_status eng_plan_new(const eng_graph *g, const eng_plan_opts *opts, const eng
         fprintf(stderr, "tensord: %s kernel init failed: %s; running that node on the CPU\n",
                 krn_backend_name(opts->backend), eng_last_error()); /* the message names the node */
     }
-    if (*out) (*out)->cpu_only_owned = cpu_only; /* the plan keeps the set it was made with */
-    else free(cpu_only);
+    if (*out) (*out)->cpu_only = NULL; /* read only while placing */
+    free(cpu_only);
     return st;
 }
 
@@ -618,6 +621,40 @@ static eng_status run_dynamic(eng_plan *p) {
     return ENG_STATUS_OK;
 }
 
+/* A static plan's steps in order, on the CPU or, placed, on the device (its copies, waits and the kernels' after-run
+ * checks: plan-place.c; a host plan has none). */
+static eng_status run_static(eng_plan *p) {
+    const eng_graph *g = p->g;
+    eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
+    char lb[300];
+    int xi = 0, pending = 0;
+    eng_status st = p->ctx ? krn_ctx_enter(p->dev, p->ctx) : ENG_STATUS_OK;
+    for (int si = 0; si < p->nsteps && st == ENG_STATUS_OK; si++) {
+        plan_step *s = &p->steps[si];
+        const eng_node *n = &g->nodes[s->node];
+        if (p->nxfers && (st = plan_place_xfers(p, si, &xi, &pending)) != ENG_STATUS_OK) break;
+        if (!s->kernel) { /* alias: its root's bytes, on either side */
+            p->vals[n->outputs[0]].data = p->vals[n->inputs[0]].data;
+            continue;
+        }
+        if (!s->on_dev && pending) { /* a CPU step after queued copies: they may fill what it reads */
+            if ((st = krn_ctx_sync(p->dev, p->ctx)) != ENG_STATUS_OK) break;
+            pending = 0;
+        }
+        krn_call c;
+        plan_step_call(p, s, in, outs, &c);
+        double t0 = p->prof_ms ? plan_now_ms() : 0;
+        st = s->kernel->exec(&c);
+        if (p->prof_ms) { /* device steps: waited for, so the time is theirs, not the queueing's */
+            if (s->on_dev && st == ENG_STATUS_OK) st = krn_ctx_sync(p->dev, p->ctx);
+            p->prof_ms[si] += plan_now_ms() - t0;
+        }
+        pending |= s->on_dev;
+        if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
+    }
+    return p->dev_steps ? plan_place_finish(p, st, &xi, &pending) : st;
+}
+
 eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outputs) {
     const eng_graph *g = p->g;
     for (int i = 0; i < g->ninputs; i++) {
@@ -630,27 +667,8 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
     omp_set_num_threads(p->nthreads);
     if (p->dynamic) {
         ENG_TRY(run_dynamic(p));
-    } else if (p->dev_steps) {
-        ENG_TRY(plan_place_run(p));
     } else {
-        eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
-        char lb[300];
-        for (int si = 0; si < p->nsteps; si++) {
-            plan_step *s = &p->steps[si];
-            const eng_node *n = &g->nodes[s->node];
-            if (!s->kernel) { /* alias: point at the source's bytes */
-                p->vals[n->outputs[0]].data = p->vals[n->inputs[0]].data;
-                continue;
-            }
-            plan_node_tensors(p, n, in, outs);
-            krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = outs, .nout = n->nout,
-                          .state = s->state, .nthreads = p->nthreads, .const_mask = s->const_mask,
-                          .compute = s->compute};
-            double t0 = p->prof_ms ? plan_now_ms() : 0;
-            eng_status st = s->kernel->exec(&c);
-            if (p->prof_ms) p->prof_ms[si] += plan_now_ms() - t0;
-            if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
-        }
+        ENG_TRY(run_static(p));
     }
     for (int i = 0; i < g->noutputs; i++) {
         outputs[i] = p->vals[g->outputs[i]];
@@ -713,7 +731,6 @@ void eng_plan_free(eng_plan **pp) {
         free_params(s->def, s->params);
     }
     plan_place_free(p);
-    free(p->cpu_only_owned);
     if (p->dyn_bufs) dyn_reset(p);
     for (int i = 0; i < p->nowned; i++) eng_free(p->owned[i]);
     free(p->owned);

@@ -30,7 +30,14 @@ struct eng_session {
     eng_tensor *feed; /* g->ninputs */
     eng_plan_cache *subplans; /* chunk plans shared by this session's batch-parallel plans */
     eng_dev_consts *dev_consts; /* device sessions: the weights, once per device for all its plans */
+    size_t plan_dev_bytes;      /* device memory of the cached plans, kept as they come and go (under mu) */
 };
+
+static size_t plan_dev_bytes(const eng_plan *p) {
+    eng_plan_stats st;
+    eng_plan_get_stats(p, &st);
+    return st.device_bytes;
+}
 
 eng_status eng_session_new_file(const char *path, const eng_session_opts *opts, eng_session **out) {
     *out = NULL;
@@ -165,12 +172,14 @@ static eng_status find_plan(eng_session *s, eng_precision prec, eng_plan **out) 
         for (int i = 1; i < s->nplans; i++)
             if (s->plans[i].last_used < s->plans[slot].last_used) slot = i;
         if (s->last == s->plans[slot].plan) s->last = NULL;
+        s->plan_dev_bytes -= plan_dev_bytes(s->plans[slot].plan);
         eng_plan_free(&s->plans[slot].plan);
         free(s->plans[slot].shapes);
     } else {
         s->nplans++;
     }
     s->plans[slot] = (sess_plan){shapes, p, ++s->tick, prec, s->opts.backend};
+    s->plan_dev_bytes += plan_dev_bytes(p);
     *out = p;
     return ENG_STATUS_OK;
 }
@@ -214,14 +223,8 @@ eng_status eng_session_run_at(eng_session *s, eng_precision prec, int nin, const
 }
 
 size_t eng_session_device_bytes(eng_session *s) {
-    pthread_mutex_lock(&s->mu);
-    size_t n = eng_dev_consts_bytes(s->dev_consts);
-    for (int i = 0; i < s->nplans; i++)
-        if (s->plans[i].plan) {
-            eng_plan_stats st;
-            eng_plan_get_stats(s->plans[i].plan, &st);
-            n += st.device_bytes;
-        }
+    pthread_mutex_lock(&s->mu); /* the shared weights grow while a plan is made */
+    size_t n = eng_dev_consts_bytes(s->dev_consts) + s->plan_dev_bytes;
     pthread_mutex_unlock(&s->mu);
     return n;
 }

@@ -120,25 +120,17 @@ eng_status trn_weights_to_host(trn_ctx *c) {
 }
 
 /* Zeros standing in for param k's gradient on a replica that ran no rows (or failed) this step: it still joins the
- * collective, contributing nothing. */
+ * collective, contributing nothing. Zeroed on every use (the all-reduce writes the sum into it). */
 static eng_status zeros(trn_ctx *c, trn_replica *rp, int k, void **out) {
-    if (!rp->dz[k]) {
-        size_t nb = param_bytes(&c->params[k]);
-        float *z = calloc(1, nb);
-        if (!z) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
-        eng_status st = krn_buf_alloc(c->dev, rp->dctx, nb, &rp->dz[k]);
-        if (st == ENG_STATUS_OK) st = krn_buf_set(c->dev, rp->dctx, rp->dz[k], z, nb);
-        if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, rp->dctx);
-        free(z);
-        ENG_TRY(st);
-    } else {
-        static const float zero[256];
-        size_t nb = (size_t)c->params[k].n * sizeof(float);
-        for (size_t off = 0; off < nb; off += sizeof zero) /* the all-reduce overwrote it: zero it again */
-            ENG_TRY(krn_buf_set(c->dev, rp->dctx, (char *)rp->dz[k] + off, zero, nb - off < sizeof zero ? nb - off : sizeof zero));
-    }
+    size_t nb = param_bytes(&c->params[k]);
+    if (!rp->dz[k]) ENG_TRY(krn_buf_alloc(c->dev, rp->dctx, nb, &rp->dz[k]));
+    float *z = calloc(1, nb);
+    if (!z) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    eng_status st = krn_buf_set(c->dev, rp->dctx, rp->dz[k], z, nb);
+    if (st == ENG_STATUS_OK) st = krn_ctx_sync(c->dev, rp->dctx); /* z is freed now */
+    free(z);
     *out = rp->dz[k];
-    return ENG_STATUS_OK;
+    return st;
 }
 
 /* BatchNorm statistics into the weights, then the update (gb: the reduced gradients / statistics per param). */

@@ -15,6 +15,7 @@
 
 #include "../kernel.h"
 #include "../krn-tensor.h"
+#include "../krn-transpose-view.h"
 
 /* Copies smaller than this many bytes stay on one thread. */
 #define KRN_TENSOR_PAR_BYTES ((int64_t)1 << 17)
@@ -199,60 +200,12 @@ static void krn_transpose_tiled(const char *src, char *dst, size_t es, int n, co
 
 eng_status krn_cpu_transpose(const void *src, void *dst, size_t es, int ndim, const int64_t *dims, const int *perm,
                              int nthreads) {
-    if (ndim < 0 || ndim > KRN_TENSOR_MAX_VIEW)
-        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "transpose: rank %d exceeds %d", ndim, KRN_TENSOR_MAX_VIEW);
-    unsigned seen = 0;
-    int64_t total = 1;
-    for (int k = 0; k < ndim; k++) {
-        if (perm[k] < 0 || perm[k] >= ndim || (seen >> perm[k] & 1u))
-            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "transpose: perm[%d] = %d is not a permutation of 0..%d", k,
-                           perm[k], ndim - 1);
-        seen |= 1u << perm[k];
-        total *= dims[k];
-    }
-    if (total <= 0) return ENG_STATUS_OK;
-    /* drop size-1 dims */
-    int map[KRN_TENSOR_MAX_VIEW], n = 0, p[KRN_TENSOR_MAX_VIEW], m = 0;
-    int64_t sd[KRN_TENSOR_MAX_VIEW];
-    for (int i = 0; i < ndim; i++) {
-        map[i] = dims[i] == 1 ? -1 : n;
-        if (dims[i] != 1) sd[n++] = dims[i];
-    }
-    for (int k = 0; k < ndim; k++)
-        if (map[perm[k]] >= 0) p[m++] = map[perm[k]];
-    if (n == 0) {
-        krn_elem_copy(dst, src, es);
-        return ENG_STATUS_OK;
-    }
-    /* merge source axes that stay adjacent in the output: group g covers source axes [gfirst[g], glast[g]] */
-    int gfirst[KRN_TENSOR_MAX_VIEW], glast[KRN_TENSOR_MAX_VIEW], ng = 0;
-    for (int k = 0; k < n; k++) {
-        if (ng > 0 && p[k] == glast[ng - 1] + 1) glast[ng - 1] = p[k];
-        else {
-            gfirst[ng] = glast[ng] = p[k];
-            ng++;
-        }
-    }
-    /* merged source dims in source order; gsrc[g] = rank of group g among groups ordered by first axis */
-    int64_t sstr[KRN_TENSOR_MAX_VIEW];
-    {
-        int64_t st = 1;
-        for (int i = n - 1; i >= 0; i--) {
-            sstr[i] = st;
-            st *= sd[i];
-        }
-    }
-    int64_t od[KRN_TENSOR_MAX_VIEW], os[KRN_TENSOR_MAX_VIEW];
-    int b = -1;
-    for (int g = 0; g < ng; g++) {
-        int64_t dd = 1;
-        for (int i = gfirst[g]; i <= glast[g]; i++) dd *= sd[i];
-        od[g] = dd;
-        os[g] = sstr[glast[g]];
-        if (glast[g] == n - 1) b = g;
-    }
-    if (b == ng - 1) krn_cpu_strided_copy(dst, src, es, ng, od, os, nthreads);
-    else krn_transpose_tiled(src, dst, es, ng, od, os, b, nthreads);
+    krn_transpose_view v;
+    ENG_TRY(krn_transpose_view_make(ndim, dims, perm, KRN_TENSOR_MAX_VIEW, "transpose", &v));
+    if (v.total <= 0) return ENG_STATUS_OK;
+    if (v.ng == 0) krn_elem_copy(dst, src, es);
+    else if (v.b == v.ng - 1) krn_cpu_strided_copy(dst, src, es, v.ng, v.od, v.os, nthreads);
+    else krn_transpose_tiled(src, dst, es, v.ng, v.od, v.os, v.b, nthreads);
     return ENG_STATUS_OK;
 }
 

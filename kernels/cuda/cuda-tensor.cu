@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "cuda-tensor-impl.h"
+#include "../krn-transpose-view.h"
 
 /* ---- state ---- */
 
@@ -300,49 +301,15 @@ __global__ void ts_transpose_tiled_kernel(T *__restrict__ dst, const T *__restri
 /* krn_cpu_transpose on the device: dst axis k is src axis perm[k]; dims are src's (ndim <= TS_MAXD). */
 static eng_status ts_transpose(cuda_ctx *x, const void *src, void *dst, size_t es, int ndim, const int64_t *dims,
                                const int *perm, const char *what) {
-    if (ndim < 0 || ndim > TS_MAXD)
-        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "%s: rank %d exceeds %d", what, ndim, TS_MAXD);
-    unsigned seen = 0;
-    int64_t total = 1;
-    for (int k = 0; k < ndim; k++) {
-        if (perm[k] < 0 || perm[k] >= ndim || (seen >> perm[k] & 1u))
-            return eng_err(ENG_STATUS_INVALID_ARGUMENT, "%s: perm[%d] = %d is not a permutation of 0..%d", what, k,
-                           perm[k], ndim - 1);
-        seen |= 1u << perm[k];
-        total *= dims[k];
-    }
-    if (total <= 0) return ENG_STATUS_OK;
-    int map[TS_MAXD], n = 0, p[TS_MAXD], m = 0;
-    int64_t sd[TS_MAXD];
-    for (int i = 0; i < ndim; i++) {
-        map[i] = dims[i] == 1 ? -1 : n;
-        if (dims[i] != 1) sd[n++] = dims[i];
-    }
-    for (int k = 0; k < ndim; k++)
-        if (map[perm[k]] >= 0) p[m++] = map[perm[k]];
-    if (n == 0) {
+    krn_transpose_view v;
+    ENG_TRY(krn_transpose_view_make(ndim, dims, perm, TS_MAXD, what, &v));
+    if (v.total <= 0) return ENG_STATUS_OK;
+    if (v.ng == 0) {
         CUDA_TRY(what, cudaMemcpyAsync(dst, src, es, cudaMemcpyDeviceToDevice, x->stream));
         return ENG_STATUS_OK;
     }
-    /* merge source axes that stay adjacent in the output */
-    int gfirst[TS_MAXD], glast[TS_MAXD], ng = 0;
-    for (int k = 0; k < n; k++) {
-        if (ng > 0 && p[k] == glast[ng - 1] + 1) glast[ng - 1] = p[k];
-        else {
-            gfirst[ng] = glast[ng] = p[k];
-            ng++;
-        }
-    }
-    int64_t sstr[TS_MAXD], od[TS_MAXD], os[TS_MAXD];
-    ts_strides(sd, n, sstr);
-    int b = -1;
-    for (int g = 0; g < ng; g++) {
-        int64_t dd = 1;
-        for (int i = gfirst[g]; i <= glast[g]; i++) dd *= sd[i];
-        od[g] = dd;
-        os[g] = sstr[glast[g]];
-        if (glast[g] == n - 1) b = g;
-    }
+    const int ng = v.ng, b = v.b;
+    const int64_t *od = v.od, *os = v.os, total = v.total;
     /* innermost axis kept, or a skinny pair (a tile would idle most threads): the strided view, whose reads stay
      * within a few cache lines per warp */
     if (b == ng - 1 || od[b] < 16 || od[ng - 1] < 16) return ts_strided(x, dst, src, es, ng, od, os, 0, what);

@@ -240,8 +240,6 @@ static eng_status sim_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, float *
 
 /* ---- kernels: the CPU's, on opened sim memory ---- */
 
-static atomic_long sim_exec_count;
-
 /* TENSORD_SIM_FAIL_KERNEL=name[:N]: nonzero if this exec of kernel `name` is the one to fail. */
 static int sim_should_fail(const char *name) {
     const char *e = getenv("TENSORD_SIM_FAIL_KERNEL");
@@ -253,37 +251,40 @@ static int sim_should_fail(const char *name) {
     return atomic_fetch_add(&seen, 1) + 1 == atol(e + n + 1);
 }
 
+/* Tensor i of call c: its inputs, then its outputs. */
+static const eng_tensor *sim_tensor(const krn_call *c, int i) { return i < c->nin ? &c->in[i] : &c->out[i - c->nin]; }
+
+static void sim_open_call(const krn_call *c, int open) {
+    for (int i = 0; i < c->nin + c->nout; i++) {
+        const eng_tensor *t = sim_tensor(c, i);
+        if (t->data && t->dtype != ENG_DTYPE_UNDEFINED) sim_prot(t->data, eng_tensor_nbytes(t), open);
+    }
+}
+
 static eng_status sim_call(const krn_kernel *k, krn_call *c, int init, const char *name) {
     if (!k) return eng_err(ENG_STATUS_INTERNAL, "sim: the CPU has no kernel '%s'", name);
-    if (init && !k->init && !getenv("TENSORD_SIM_FAIL_INIT")) return ENG_STATUS_OK;
     int dev = c->ctx ? c->ctx->dev : -1;
     if (dev < 0) return eng_err(ENG_STATUS_INTERNAL, "sim kernel '%s' called without its context", name);
     for (int i = 0; i < c->nin + c->nout; i++) {
-        const eng_tensor *t = i < c->nin ? &c->in[i] : &c->out[i - c->nin];
+        const eng_tensor *t = sim_tensor(c, i);
         if (!t->data || t->dtype == ENG_DTYPE_UNDEFINED) continue;
         size_t nb = eng_tensor_nbytes(t);
         if (nb && !sim_owns(t->data, nb))
             return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s' %s %d is not device memory", dev, name,
                            i < c->nin ? "input" : "output", i < c->nin ? i : i - c->nin);
     }
-    if (!init && sim_should_fail(name))
-        return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected launch failure (TENSORD_SIM_FAIL_KERNEL)", dev, name);
     const char *fi = getenv("TENSORD_SIM_FAIL_INIT");
     if (init && fi && !strcmp(fi, name))
         return eng_err(ENG_STATUS_UNSUPPORTED, "sim:%d: kernel '%s': injected init failure (TENSORD_SIM_FAIL_INIT)", dev, name);
-    for (int i = 0; i < c->nin + c->nout; i++) {
-        const eng_tensor *t = i < c->nin ? &c->in[i] : &c->out[i - c->nin];
-        if (t->data && t->dtype != ENG_DTYPE_UNDEFINED) sim_prot(t->data, eng_tensor_nbytes(t), 1);
-    }
+    if (!init && sim_should_fail(name))
+        return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected launch failure (TENSORD_SIM_FAIL_KERNEL)", dev, name);
+    if (init && !k->init) return ENG_STATUS_OK;
+    sim_open_call(c, 1);
     krn_ctx *ctx = c->ctx;
     c->ctx = NULL; /* the CPU kernel runs as on the CPU */
-    eng_status st = init ? (k->init ? k->init(c) : ENG_STATUS_OK) : k->exec(c);
+    eng_status st = init ? k->init(c) : k->exec(c);
     c->ctx = ctx;
-    for (int i = 0; i < c->nin + c->nout; i++) {
-        const eng_tensor *t = i < c->nin ? &c->in[i] : &c->out[i - c->nin];
-        if (t->data && t->dtype != ENG_DTYPE_UNDEFINED) sim_prot(t->data, eng_tensor_nbytes(t), 0);
-    }
-    if (!init) atomic_fetch_add(&sim_exec_count, 1);
+    sim_open_call(c, 0);
     return st;
 }
 
