@@ -10,6 +10,7 @@
  * request is queued; otherwise the worker that next forms a batch.
  */
 #include "batcher.h"
+#include "../engine/plan/plan.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -31,6 +32,7 @@ typedef struct bt_req {
     srv_batch_done_fn async_done; /* non-NULL: asynchronous (see batcher.h); the worker completes and frees it */
     void *async_arg;
     int64_t deadline_us;
+    int64_t run_deadline_us; /* the deadline ops that loop stop at once it runs (sync requests too; 0 none) */
     const atomic_int *cancel; /* asynchronous only: non-zero once the caller gave up (a cancelled gRPC call) */
     struct bt_req *next;
 } bt_req;
@@ -128,7 +130,16 @@ static void bt_run_batch(srv_batcher *b, bt_req **reqs, int n, int64_t rows) {
             code = srv_err(&err, SRV_RESOURCE_EXHAUSTED, "out of memory");
         }
     }
+    /* ops that loop (Loop, Scan) stop at the batch's deadline: the latest of its requests' (none if one has none) */
+    int64_t dl = 0;
+    int none = 0;
+    for (int k = 0; k < n; k++) {
+        if (reqs[k]->run_deadline_us <= 0) none = 1;
+        else if (reqs[k]->run_deadline_us > dl) dl = reqs[k]->run_deadline_us;
+    }
+    eng_run_set_deadline(none ? 0 : dl);
     if (code == SRV_OK) code = b->run(b->ctx, &in, &out, &err);
+    eng_run_set_deadline(0);
     for (int i = 0; code == SRV_OK && i < out.n; i++)
         if (out.t[i].ndim < 1 || out.t[i].dims[0] != padded)
             code = srv_err(&err, SRV_INVALID_ARGUMENT,
@@ -369,7 +380,7 @@ void srv_batcher_submit_async(srv_batcher *b, const srv_tensors *in, srv_tensors
     if (c == SRV_OK && !r) c = srv_err(&err, SRV_RESOURCE_EXHAUSTED, "out of memory");
     if (c == SRV_OK) {
         *r = (bt_req){.in = in, .out = out, .rows = rows, .enq_us = srv_now_us(), .async_done = done,
-                      .async_arg = arg, .deadline_us = deadline_us, .cancel = cancel};
+                      .async_arg = arg, .deadline_us = deadline_us, .run_deadline_us = deadline_us, .cancel = cancel};
         pthread_mutex_lock(&b->mu);
         c = bt_enqueue(b, r, &err);
         pthread_mutex_unlock(&b->mu);
@@ -384,7 +395,7 @@ srv_code srv_batcher_submit(srv_batcher *b, const srv_tensors *in, srv_tensors *
     int64_t rows = 0;
     srv_code c0 = bt_rows(b, in, &rows, err);
     if (c0 != SRV_OK) return c0;
-    bt_req r = {.in = in, .out = out, .rows = rows, .enq_us = srv_now_us()};
+    bt_req r = {.in = in, .out = out, .rows = rows, .enq_us = srv_now_us(), .run_deadline_us = deadline_us};
     pthread_cond_init(&r.cv, NULL);
     pthread_mutex_lock(&b->mu);
     c0 = bt_enqueue(b, &r, err);

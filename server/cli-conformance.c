@@ -18,6 +18,7 @@
 
 #include "../engine/ir/graph.h"
 #include "../engine/ir/onnx-testdata.h"
+#include "../engine/ir/seq.h"
 #include "../engine/plan/session.h"
 #include "cli.h"
 
@@ -30,9 +31,33 @@ typedef struct conf_opts {
     int nthreads;
 } conf_opts;
 
+static int compare(const eng_tensor *got, const eng_tensor *want, char *why, size_t n);
+
+/* Sequences: the same length, then element by element. */
+static int compare_seq(const eng_tensor *got, const eng_tensor *want, char *why, size_t n) {
+    const eng_seq *g = eng_seq_get(got), *w = eng_seq_get(want);
+    if (!g || !w) {
+        snprintf(why, n, "%s, expected %s", eng_dtype_name(got->dtype), eng_dtype_name(want->dtype));
+        return 0;
+    }
+    if (g->n != w->n) {
+        snprintf(why, n, "a sequence of %lld elements, expected %lld", (long long)g->n, (long long)w->n);
+        return 0;
+    }
+    for (int64_t i = 0; i < g->n; i++) {
+        char r[300];
+        if (!compare(&g->items[i], &w->items[i], r, sizeof r)) {
+            snprintf(why, n, "sequence element %lld: %s", (long long)i, r);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Compare got vs want; on mismatch write a reason. */
 static int compare(const eng_tensor *got, const eng_tensor *want, char *why, size_t n) {
     char a[160], b[160];
+    if (got->dtype == ENG_DTYPE_SEQUENCE || want->dtype == ENG_DTYPE_SEQUENCE) return compare_seq(got, want, why, n);
     if (got->dtype != want->dtype) {
         snprintf(why, n, "dtype %s, expected %s", eng_dtype_name(got->dtype), eng_dtype_name(want->dtype));
         return 0;

@@ -34,6 +34,7 @@ static const opt_def opt_table[] = {
     {"batching_parameters_file", OPT_STR, O(batching_parameters_file)},
     {"monitoring_config_file", OPT_STR, O(monitoring_config_file)},
     {"rest_api_timeout_in_ms", OPT_I64, O(rest_api_timeout_in_ms)},
+    {"max_loop_iterations", OPT_I64, O(max_loop_iterations)},
     {"allow_version_labels_for_unavailable_models", OPT_BOOL, O(allow_version_labels_for_unavailable_models)},
     {"rest_api_num_threads", OPT_INT, O(rest_api_num_threads)},
     {"tensorflow_intra_op_parallelism", OPT_INT, O(session_threads)},
@@ -126,6 +127,7 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
     o->rest_port = 8501;
     o->file_system_poll_wait_seconds = 1;
     o->rest_api_timeout_in_ms = 30000;
+    o->max_loop_iterations = 1000000;
     o->max_body_bytes = 64 << 20;
     o->connection_limit = 2048;
     o->connection_timeout_s = 30;
@@ -190,6 +192,7 @@ srv_code srv_options_parse(int argc, char **argv, srv_options *o, srv_error *err
         return srv_err(err, SRV_INVALID_ARGUMENT, "--instances_per_version must be 1..%d, got %d", SRV_MAX_INSTANCES,
                        o->instances_per_version);
     if (o->model_load_timeout_s <= 0) return srv_err(err, SRV_INVALID_ARGUMENT, "--model_load_timeout_seconds must be > 0");
+    if (o->max_loop_iterations < 1) return srv_err(err, SRV_INVALID_ARGUMENT, "--max_loop_iterations must be >= 1");
     if (o->log_format && strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0)
         return srv_err(err, SRV_INVALID_ARGUMENT, "--log_format: expected text or json, got '%s'", o->log_format);
     if (o->model_control_mode && strcmp(o->model_control_mode, "poll") != 0 &&

@@ -23,6 +23,7 @@ typedef struct srv_options {
     char *batching_parameters_file;
     char *monitoring_config_file;
     int64_t rest_api_timeout_in_ms;    /* default 30000 (TF Serving's default) */
+    int64_t max_loop_iterations;       /* one ONNX Loop's iterations per run at most; default 1,000,000 */
     int allow_version_labels_for_unavailable_models;
     int rest_api_num_threads;          /* HTTP polling threads; 0 (default): 4 per core */
     int session_threads;               /* --tensorflow_intra_op_parallelism (threads per run), 0 all */

@@ -26,6 +26,7 @@
 #include "admin/jobs.h"
 #include "grpc.h"
 #include "rest.h"
+#include "../engine/plan/plan.h"
 
 static int serve_apply_config(const srv_options *o, srv_registry *reg) {
     srv_model_config *cfgs = NULL;
@@ -124,6 +125,7 @@ int srv_cmd_serve(int argc, char **argv) {
         srv_options_free(&o);
         return 1;
     }
+    eng_set_max_loop_iterations(o.max_loop_iterations);
     srv_rest *rest = NULL;
     srv_grpc *grpc = NULL;
     if (o.rest_port > 0) {

@@ -42,6 +42,7 @@ static srv_code code_from_eng(eng_status st) {
     case ENG_STATUS_NOT_FOUND: return SRV_NOT_FOUND;
     case ENG_STATUS_UNSUPPORTED: return SRV_UNIMPLEMENTED;
     case ENG_STATUS_OUT_OF_MEMORY: return SRV_RESOURCE_EXHAUSTED;
+    case ENG_STATUS_DEADLINE_EXCEEDED: return SRV_DEADLINE_EXCEEDED;
     default: return SRV_INTERNAL;
     }
 }

@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include "version.h"
+#include "../engine/plan/plan.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -255,7 +256,10 @@ static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensor
     if (c == SRV_OK) c = version_take(v, deadline_us, cancel, &idx, err);
     if (c == SRV_OK) {
         int64_t t0 = srv_now_us(), r0 = srv_metrics_clock_ns(); /* r*: Triton statistics (srv_metrics_run) */
+        int64_t dl0 = eng_run_deadline(); /* a batch's is set by the batcher */
+        if (deadline_us > 0) eng_run_set_deadline(deadline_us); /* ops that loop stop there (Loop, Scan) */
         eng_status st = eng_session_run(v->inst[idx].sess, nin, names, feeds, outs);
+        eng_run_set_deadline(dl0);
         int64_t r1 = srv_metrics_clock_ns();
         if (st == ENG_STATUS_OK) version_note_run(v, idx, srv_now_us() - t0, rows);
         else {

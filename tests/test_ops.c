@@ -40,6 +40,7 @@
 
 #include "engine/ir/graph.h"
 #include "engine/ir/onnx-testdata.h"
+#include "engine/ir/seq.h"
 #include "engine/plan/session.h"
 #include "kernels/backend-impl.h"
 
@@ -215,7 +216,18 @@ static int ops_compare(const eng_tensor *y, eng_tensor *const *ref, int n, doubl
     char a[160], b[160];
     *worst = 0, *at = 0;
     for (int k = 0; k < n; k++) {
-        if (y[k].dtype != ref[k]->dtype || !eng_shape_equal(&y[k], ref[k])) {
+        const eng_seq *ys = eng_seq_get(&y[k]), *rs = eng_seq_get(ref[k]);
+        if (ys && rs && ys->n == rs->n) { /* sequences: element by element */
+            for (int64_t i = 0; i < ys->n; i++) {
+                const eng_tensor *ri = &rs->items[i];
+                double e;
+                int at1;
+                if (!ops_compare(&ys->items[i], (eng_tensor *const *)&ri, 1, &e, &at1, why, wn)) return 0;
+                if (e > *worst || isnan(e)) *worst = e, *at = k;
+            }
+            continue;
+        }
+        if (y[k].dtype != ref[k]->dtype || !eng_shape_equal(&y[k], ref[k]) || (ys && rs)) {
             snprintf(why, wn, "output %d: %s %s, reference %s %s", k, eng_dtype_name(y[k].dtype),
                      eng_shape_str(y[k].dims, y[k].ndim, a, sizeof a), eng_dtype_name(ref[k]->dtype),
                      eng_shape_str(ref[k]->dims, ref[k]->ndim, b, sizeof b));

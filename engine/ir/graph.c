@@ -12,6 +12,7 @@
  * Nothing here exits on bad input; allocation failures come back as -1 / ENG_STATUS_OUT_OF_MEMORY.
  */
 #include "graph.h"
+#include "seq.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,6 +289,7 @@ static eng_graph *eng_graph_clone_in(const eng_graph *src, eng_graph *parent) {
         const eng_node *sn = &src->nodes[i];
         int k = eng_graph_add_node(g, sn->name, sn->op_type, sn->domain, sn->inputs, sn->nin, sn->outputs, sn->nout);
         if (k < 0) goto fail;
+        g->nodes[k].nimplicit = sn->nimplicit;
         for (int a = 0; a < sn->nattr; a++)
             if (eng_node_add_attr(g, k, &sn->attrs[a]) != ENG_STATUS_OK) goto fail;
     }
@@ -546,7 +548,12 @@ eng_tensor *eng_tensor_clone(const eng_tensor *t) {
     if (!c) return NULL;
     *c = *t;
     c->data = NULL;
-    if (t->data) {
+    if (t->data && t->dtype == ENG_DTYPE_SEQUENCE) { /* one block (seq.h) */
+        if (eng_seq_clone(t, c) != ENG_STATUS_OK) {
+            free(c);
+            return NULL;
+        }
+    } else if (t->data) {
         size_t nb;
         if (eng_tensor_nbytes_checked(t, "tensor clone", &nb) != ENG_STATUS_OK) {
             free(c);
@@ -574,4 +581,35 @@ void eng_graph_index_producers(eng_graph *g) {
     for (int i = 0; i < g->nnodes; i++)
         for (int j = 0; j < g->nodes[i].nout; j++)
             if (g->nodes[i].outputs[j] >= 0) g->values[g->nodes[i].outputs[j]].producer = i;
+}
+
+eng_status eng_graph_outer_refs(const eng_graph *sub, int **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    unsigned char *role = calloc((size_t)sub->nvalues + 1, 1); /* 1 read, 2 defined here */
+    if (!role) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < sub->ninputs; i++) role[sub->inputs[i]] |= 2;
+    for (int k = 0; k < sub->nnodes; k++) {
+        const eng_node *nd = &sub->nodes[k];
+        for (int i = 0; i < nd->nin; i++)
+            if (nd->inputs[i] >= 0) role[nd->inputs[i]] |= 1;
+        for (int i = 0; i < nd->nout; i++)
+            if (nd->outputs[i] >= 0) role[nd->outputs[i]] |= 2;
+    }
+    for (int i = 0; i < sub->noutputs; i++) role[sub->outputs[i]] |= 1;
+    int cnt = 0;
+    for (int v = 0; v < sub->nvalues; v++) {
+        if (sub->values[v].init) role[v] |= 2;
+        cnt += role[v] == 1;
+    }
+    if (cnt) {
+        if (!(*out = malloc((size_t)cnt * sizeof(int)))) {
+            free(role);
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+        }
+        for (int v = 0; v < sub->nvalues; v++)
+            if (role[v] == 1) (*out)[(*n)++] = v;
+    }
+    free(role);
+    return ENG_STATUS_OK;
 }

@@ -50,6 +50,9 @@ typedef struct eng_node {
     char *domain;  /* "" for the default ONNX domain */
     int *inputs;   /* value indices, -1 = omitted */
     int nin;
+    int nimplicit; /* the last nimplicit of the nin inputs are outer-scope values the node's subgraphs read (If, Loop,
+                    * Scan: their names, in eng_graph_outer_refs order per subgraph attribute, deduplicated); not ONNX
+                    * inputs (onnx-save writes nin - nimplicit), but dependencies the planner orders and keeps alive */
     int *outputs;
     int nout;
     eng_attr *attrs;
@@ -129,6 +132,11 @@ const char *eng_node_attr_str(const eng_node *n, const char *name, const char *d
 /* Returns entry count, or -1 if absent (then *out is NULL). */
 int eng_node_attr_ints(const eng_node *n, const char *name, const int64_t **out);
 int eng_node_attr_floats(const eng_node *n, const char *name, const float **out);
+
+/* Values of subgraph `sub` that it reads (a node input or a graph output) but neither defines (node output,
+ * initializer, graph input): the names it takes from enclosing graphs, in value order. *out malloc'd (free it; NULL
+ * when *n is 0). */
+eng_status eng_graph_outer_refs(const eng_graph *sub, int **out, int *n);
 
 /* Nodes in an order where producers come before consumers; fails (naming a node) on a cycle or on an
  * input no node, initializer or graph input provides. `order` must hold g->nnodes ints. */

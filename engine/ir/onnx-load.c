@@ -71,6 +71,13 @@ static eng_status eng_apply_type(eng_graph *g, int v, const Onnx__ValueInfoProto
     eng_value *val = &g->values[v];
     const Onnx__TypeProto *tp = vi->type;
     if (!tp || eng_value_declared(val)) return ENG_STATUS_OK;
+    if (tp->value_case == ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE && tp->sequence_type &&
+        (!tp->sequence_type->elem_type ||
+         tp->sequence_type->elem_type->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)) {
+        val->dtype = ENG_DTYPE_SEQUENCE; /* a sequence of tensors (engine/ir/seq.h) */
+        val->ndim = 0;
+        return ENG_STATUS_OK;
+    }
     if (tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type) {
         if (!strict || tp->value_case == ONNX__TYPE_PROTO__VALUE__NOT_SET) return ENG_STATUS_OK;
         return eng_err(ENG_STATUS_UNSUPPORTED, "%s '%s': only tensor types are supported (type case %d)", role,
@@ -254,6 +261,28 @@ static eng_status eng_load_node(const eng_loader *ld, eng_scope *sc, const Onnx_
         free(names);
         if (st != ENG_STATUS_OK) goto out;
     }
+    /* outer-scope values the subgraphs read become the node's implicit inputs (graph.h: eng_node.nimplicit) */
+    int nimp = 0;
+    for (int a = 0; a < made; a++) {
+        if (attrs[a].type != ENG_ATTR_GRAPH || !attrs[a].g) continue;
+        int *refs = NULL, nrefs = 0;
+        if ((st = eng_graph_outer_refs(attrs[a].g, &refs, &nrefs)) != ENG_STATUS_OK) goto out;
+        for (int r = 0; r < nrefs && st == ENG_STATUS_OK; r++) {
+            int v = -1, dup = 0;
+            st = eng_value_get(sc, attrs[a].g->values[refs[r]].name, &v);
+            for (int j = nin; j < nin + nimp && st == ENG_STATUS_OK; j++) dup |= ins[j] == v;
+            if (st != ENG_STATUS_OK || dup) continue;
+            int *ni = realloc(ins, (size_t)(nin + nimp + 2) * sizeof(int));
+            if (!ni) {
+                st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "node '%s': out of memory", label);
+                break;
+            }
+            ins = ni;
+            ins[nin + nimp++] = v;
+        }
+        free(refs);
+        if (st != ENG_STATUS_OK) goto out;
+    }
     for (int i = 0; i < nout; i++) {
         const char *vn = eng_s(np->output[i]);
         outs[i] = -1;
@@ -275,11 +304,12 @@ static eng_status eng_load_node(const eng_loader *ld, eng_scope *sc, const Onnx_
         }
         v->producer = idx;
     }
-    int k = eng_graph_add_node(g, nname, np->op_type, eng_s(np->domain), ins, nin, outs, nout);
+    int k = eng_graph_add_node(g, nname, np->op_type, eng_s(np->domain), ins, nin + nimp, outs, nout);
     if (k != idx) {
         st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "node '%s': out of memory", label);
         goto out;
     }
+    g->nodes[k].nimplicit = nimp;
     for (int i = 0; i < made; i++)
         if ((st = eng_node_take_attr(g, k, &attrs[i])) != ENG_STATUS_OK) goto out;
 out:

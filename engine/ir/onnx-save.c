@@ -132,6 +132,26 @@ static Onnx__ValueInfoProto *eng_sv_value_info(eng_saver *sv, const eng_value *v
     onnx__value_info_proto__init(vi);
     vi->name = eng_sv_strdup(sv, v->name);
     if (v->dtype == ENG_DTYPE_UNDEFINED && v->ndim < 0) return vi;
+    if (v->dtype == ENG_DTYPE_SEQUENCE) { /* sequence(tensor), element type not recorded */
+        Onnx__TypeProto *st = eng_sv_calloc(sv, 1, sizeof *st), *et;
+        if (!st) return vi;
+        onnx__type_proto__init(st);
+        vi->type = st; /* each piece hangs on the tree as it is made: freed with it */
+        Onnx__TypeProto__Sequence *sq = eng_sv_calloc(sv, 1, sizeof *sq);
+        if (!sq) return vi;
+        onnx__type_proto__sequence__init(sq);
+        st->value_case = ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE;
+        st->sequence_type = sq;
+        if (!(et = eng_sv_calloc(sv, 1, sizeof *et))) return vi;
+        onnx__type_proto__init(et);
+        sq->elem_type = et;
+        Onnx__TypeProto__Tensor *tt = eng_sv_calloc(sv, 1, sizeof *tt);
+        if (!tt) return vi;
+        onnx__type_proto__tensor__init(tt);
+        et->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+        et->tensor_type = tt;
+        return vi;
+    }
     Onnx__TypeProto *tp = eng_sv_calloc(sv, 1, sizeof *tp);
     Onnx__TypeProto__Tensor *tt = eng_sv_calloc(sv, 1, sizeof *tt);
     if (!tp || !tt) {
@@ -244,7 +264,7 @@ static Onnx__NodeProto *eng_sv_node(eng_saver *sv, const eng_graph *g, const eng
     np->op_type = eng_sv_strdup(sv, n->op_type);
     if (n->domain && n->domain[0]) np->domain = eng_sv_strdup(sv, n->domain);
     if ((np->input = eng_sv_calloc(sv, (size_t)n->nin, sizeof(char *))))
-        for (int i = 0; i < n->nin; i++) np->input[np->n_input++] = eng_sv_value_name(sv, g, n->inputs[i]);
+        for (int i = 0; i < n->nin - n->nimplicit; i++) np->input[np->n_input++] = eng_sv_value_name(sv, g, n->inputs[i]);
     if ((np->output = eng_sv_calloc(sv, (size_t)n->nout, sizeof(char *))))
         for (int i = 0; i < n->nout; i++) np->output[np->n_output++] = eng_sv_value_name(sv, g, n->outputs[i]);
     if ((np->attribute = eng_sv_calloc(sv, (size_t)n->nattr, sizeof *np->attribute)))

@@ -11,6 +11,7 @@
  */
 #include "onnx-impl.h"
 #include "file-io.h"
+#include "seq.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -330,5 +331,69 @@ eng_status eng_onnx_tensor_load_file(const char *path, eng_tensor **out, char **
     onnx__tensor_proto__free_unpacked(tp, NULL);
     if (st == ENG_STATUS_OK && name) *name = nm;
     else free(nm);
+    return st;
+}
+
+/* A SequenceProto (onnx-data.proto: 1 name, 2 elem_type, 3 tensor_values, 4 sparse_tensor_values, 5 sequence_values,
+ * 6 map_values, 7 optional_values) of dense tensors, read field by field: protobuf-c has no descriptor for it here
+ * (Debian's libonnx-dev ships onnx.proto only). */
+eng_status eng_onnx_seq_load_file(const char *path, eng_tensor **out) {
+    *out = NULL;
+    uint8_t *buf;
+    size_t len, pos = 0;
+    ENG_TRY(eng_file_read(path, ENG_ONNX_MAX_FILE_BYTES, &buf, &len));
+    eng_tensor *items = NULL, **owned = NULL;
+    int64_t n = 0, cap = 0, elem = 0;
+    eng_status st = ENG_STATUS_OK;
+    char *dir = eng_file_dirname(path);
+    if (!dir) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    while (st == ENG_STATUS_OK && pos < len) {
+        uint64_t tag, v;
+        if (!eng_pb_varint(buf, len, &pos, &tag)) goto bad;
+        int field = (int)(tag >> 3), wt = (int)(tag & 7);
+        if (wt == 0) {
+            if (!eng_pb_varint(buf, len, &pos, &v)) goto bad;
+            if (field == 2) elem = (int64_t)v;
+            continue;
+        }
+        if (wt != 2 || !eng_pb_varint(buf, len, &pos, &v) || v > len - pos) goto bad;
+        if (field == 3) {
+            if (n == cap) {
+                cap = cap ? cap * 2 : 8;
+                eng_tensor *ni = realloc(items, (size_t)cap * sizeof *ni);
+                eng_tensor **no = realloc(owned, (size_t)cap * sizeof *no);
+                if (ni) items = ni;
+                if (no) owned = no;
+                if (!ni || !no) {
+                    st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+                    break;
+                }
+            }
+            Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, (size_t)v, buf + pos);
+            if (!tp) goto bad;
+            st = eng_onnx_tensor_decode(tp, dir, &owned[n]);
+            onnx__tensor_proto__free_unpacked(tp, NULL);
+            if (st == ENG_STATUS_OK) items[n] = *owned[n], n++;
+        } else if (field >= 4 && field <= 7) {
+            st = eng_err(ENG_STATUS_UNSUPPORTED, "%s: sequences of sparse tensors, sequences, maps or optionals are not "
+                         "supported", path);
+        }
+        pos += (size_t)v;
+    }
+    if (st == ENG_STATUS_OK) {
+        eng_tensor *t = malloc(sizeof *t);
+        if (!t) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+        else if ((st = eng_seq_make(n ? items[0].dtype : (eng_dtype)elem, items, n, t)) != ENG_STATUS_OK) free(t);
+        else *out = t;
+    }
+    if (0) {
+    bad:
+        st = eng_err(ENG_STATUS_INVALID_MODEL, "%s: not a valid serialized SequenceProto", path);
+    }
+    for (int64_t i = 0; i < n; i++) eng_tensor_destroy(&owned[i]);
+    free(owned);
+    free(items);
+    free(dir);
+    free(buf);
     return st;
 }

@@ -87,7 +87,11 @@ eng_status eng_testdata_set_load(const char *case_dir, const char *set, const en
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s/input_%d.pb", case_dir, set, k);
         if (stat(path, &sb) != 0) break;
-        eng_status st = eng_onnx_tensor_load_file(path, &d->owned[k], NULL);
+        const eng_value *gv = NULL; /* the graph input this file feeds: a sequence is a SequenceProto */
+        for (int i = 0, fi = 0; i < g->ninputs && !gv; i++)
+            if (!g->values[g->inputs[i]].init && fi++ == k) gv = &g->values[g->inputs[i]];
+        eng_status st = gv && gv->dtype == ENG_DTYPE_SEQUENCE ? eng_onnx_seq_load_file(path, &d->owned[k])
+                                                               : eng_onnx_tensor_load_file(path, &d->owned[k], NULL);
         if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s/input_%d.pb: ", set, k);
         d->nin = k + 1;
         d->feed[k] = *d->owned[k];
@@ -112,7 +116,8 @@ void eng_testdata_set_free(eng_testdata_set *d) {
 eng_status eng_testdata_output_load(const char *case_dir, const char *set, int k, eng_dtype as_dtype, eng_tensor **out) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s/output_%d.pb", case_dir, set, k);
-    eng_status st = eng_onnx_tensor_load_file(path, out, NULL);
+    eng_status st = as_dtype == ENG_DTYPE_SEQUENCE ? eng_onnx_seq_load_file(path, out)
+                                                   : eng_onnx_tensor_load_file(path, out, NULL);
     if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s/output_%d.pb: ", set, k);
     if ((*out)->dtype == ENG_DTYPE_U16 && as_dtype == ENG_DTYPE_BF16) (*out)->dtype = ENG_DTYPE_BF16;
     return ENG_STATUS_OK;

@@ -38,7 +38,8 @@ eng_status eng_testdata_set_load(const char *case_dir, const char *set, const en
 void eng_testdata_set_free(eng_testdata_set *d);
 
 /* Expected output k of a set (case_dir/set/output_k.pb). as_dtype ENG_DTYPE_BF16 (the dtype the run produced)
- * reads a uint16 file as bfloat16; any other value leaves the file's dtype. Free with eng_tensor_destroy. */
+ * reads a uint16 file as bfloat16; ENG_DTYPE_SEQUENCE reads a SequenceProto; any other value leaves the file's
+ * dtype. Inputs the graph declares as sequences are read as SequenceProto too. Free with eng_tensor_destroy. */
 eng_status eng_testdata_output_load(const char *case_dir, const char *set, int k, eng_dtype as_dtype, eng_tensor **out);
 
 #endif

@@ -26,5 +26,8 @@ eng_status eng_onnx_save_file(const eng_graph *g, const char *path, size_t exter
 /* Read a serialized TensorProto (e.g. the ONNX backend tests' input_0.pb). *name gets a malloc'd copy of the
  * tensor's name (may be ""); pass NULL to ignore. Free the tensor with eng_tensor_destroy. */
 eng_status eng_onnx_tensor_load_file(const char *path, eng_tensor **out, char **name);
+/* A serialized SequenceProto of tensors (ONNX test data) as a sequence value (engine/ir/seq.h): *out malloc'd, its
+ * data one eng_alloc block; free with eng_tensor_destroy. */
+eng_status eng_onnx_seq_load_file(const char *path, eng_tensor **out);
 
 #endif

@@ -51,6 +51,7 @@ const char *eng_status_name(eng_status st) {
     case ENG_STATUS_INTERNAL: return "INTERNAL";
     case ENG_STATUS_NEEDS_DATA: return "NEEDS_DATA";
     case ENG_STATUS_CANCELLED: return "CANCELLED";
+    case ENG_STATUS_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
     }
     return "UNKNOWN";
 }

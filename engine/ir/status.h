@@ -21,6 +21,7 @@ typedef enum eng_status {
     ENG_STATUS_INTERNAL = 7,         /* broken invariant or vendor library failure */
     ENG_STATUS_NEEDS_DATA = 8,       /* shape inference needs the value of a non-constant input */
     ENG_STATUS_CANCELLED = 9,        /* the caller asked a long operation to stop (e.g. eng_train's cancel flag) */
+    ENG_STATUS_DEADLINE_EXCEEDED = 10, /* a run passed its deadline (engine/plan/plan.h: eng_run_set_deadline) */
 } eng_status;
 
 /* Record a message for the calling thread and return `st`. printf-style. Never fails. */

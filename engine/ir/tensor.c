@@ -22,7 +22,7 @@ static const struct { eng_dtype dt; const char *name; const char *npy; } eng_dty
     {ENG_DTYPE_U16, "uint16", "<u2"},  {ENG_DTYPE_I16, "int16", "<i2"},   {ENG_DTYPE_I32, "int32", "<i4"},
     {ENG_DTYPE_I64, "int64", "<i8"},   {ENG_DTYPE_STRING, "string", NULL}, {ENG_DTYPE_BOOL, "bool", "|b1"},
     {ENG_DTYPE_F16, "float16", "<f2"}, {ENG_DTYPE_F64, "float64", "<f8"}, {ENG_DTYPE_U32, "uint32", "<u4"},
-    {ENG_DTYPE_U64, "uint64", "<u8"},  {ENG_DTYPE_BF16, "bfloat16", NULL},
+    {ENG_DTYPE_U64, "uint64", "<u8"},  {ENG_DTYPE_BF16, "bfloat16", NULL}, {ENG_DTYPE_SEQUENCE, "sequence", NULL},
 };
 #define ENG_NDTYPES (sizeof eng_dtype_table / sizeof eng_dtype_table[0])
 

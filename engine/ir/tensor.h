@@ -32,6 +32,7 @@ typedef enum eng_dtype {
     ENG_DTYPE_U32 = 12,
     ENG_DTYPE_U64 = 13,
     ENG_DTYPE_BF16 = 16,
+    ENG_DTYPE_SEQUENCE = 1000, /* tensord's own, never in a TensorProto: a sequence of tensors (engine/ir/seq.h) */
 } eng_dtype;
 
 /* Bytes per element; 0 for dtypes we cannot hold (string, complex, undefined). */

@@ -28,6 +28,7 @@ typedef struct eng_op_ctx {
     eng_tensor *out;    /* node->nout entries; infer sets dtype, ndim, dims (data is NULL during infer) */
     int nout;
     void *params;       /* set by prepare; released with def->free_params or free() */
+    int nthreads;       /* the plan's threads (ops that plan subgraphs: If, Loop, Scan) */
 } eng_op_ctx;
 
 enum {
@@ -36,6 +37,11 @@ enum {
     ENG_OP_RANDOM = 1u << 2,     /* output differs run to run: never constant-folded */
     ENG_OP_ALIAS_SAME = 1u << 3, /* in a static plan, an alias (no kernel runs) when output 0 has input 0's dtype and
                                   * shape (ReduceToShape where nothing was broadcast) */
+    ENG_OP_ALLOCATES = 1u << 4,  /* in a dynamic plan the kernel allocates its outputs itself (eng_alloc; it sets their
+                                  * dtype, shape and data, and the plan owns them after): ops whose output shapes are
+                                  * known only by running them (a Loop's scan outputs, sequences). infer is not called
+                                  * at run time; at plan time it returns NEEDS_DATA unless it can give static shapes,
+                                  * and the kernel then writes into outputs the plan allocated (data non-NULL). */
 };
 
 typedef struct eng_op_def {
@@ -46,6 +52,9 @@ typedef struct eng_op_def {
     eng_status (*prepare)(eng_op_ctx *c); /* may be NULL; allocate c->params, check attributes and arity */
     eng_status (*infer)(eng_op_ctx *c);   /* required */
     void (*free_params)(void *params);    /* NULL: free() */
+    /* Ops the engine itself runs (If, Loop, Scan: they plan and run subgraphs, engine/plan/plan-ctrl.c): their kernel,
+     * used on every backend instead of looking `kernel` up; NULL for every other op. */
+    const struct krn_kernel *engine_kernel;
 } eng_op_def;
 
 /* Op lookup; domain NULL or "ai.onnx" is treated as "". NULL if unknown. */

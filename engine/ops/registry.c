@@ -10,8 +10,12 @@ extern const eng_op_def eng_ops_nn[];
 extern const eng_op_def eng_ops_reduce[];
 extern const eng_op_def eng_ops_grad[];
 extern const eng_op_def eng_ops_quant[];
+extern const eng_op_def eng_ops_rnn[];
+extern const eng_op_def eng_ops_rnn_grad[];
+extern const eng_op_def eng_ops_ctrl[];
+extern const eng_op_def eng_ops_seq[];
 
-static const eng_op_def *const eng_op_tables[] = {eng_ops_eltwise, eng_ops_tensor, eng_ops_nn, eng_ops_reduce, eng_ops_grad, eng_ops_quant, NULL};
+static const eng_op_def *const eng_op_tables[] = {eng_ops_eltwise, eng_ops_tensor, eng_ops_nn, eng_ops_reduce, eng_ops_grad, eng_ops_quant, eng_ops_rnn, eng_ops_rnn_grad, eng_ops_ctrl, eng_ops_seq, NULL};
 
 const eng_op_def *eng_op_find(const char *domain, const char *op_type) {
     if (!domain || strcmp(domain, "ai.onnx") == 0) domain = "";

@@ -72,6 +72,8 @@ struct eng_plan {
                                     * NULL otherwise (eng_plan_new's set) */
     int init_failed_node;    /* the node whose device kernel's init failed in this attempt, or -1 */
     size_t xfer_bytes;       /* bytes copied per run */
+    int *ext_root;           /* opts.ext_outputs: per graph output, the root written straight into the caller's memory,
+                              * or -1 (copied after the run) */
 };
 
 /* plan-place.c. plan_place: after shape inference and folding, before precision and memory: place each kernel step

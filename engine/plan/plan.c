@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "../../kernels/krn-nn.h"
+#include "../ir/seq.h"
 #include "../ops/op.h"
 #include "plan-impl.h"
 
@@ -257,6 +258,9 @@ static eng_status plan_layout(eng_plan *p, int alloc) {
     size_t naive = 0;
     for (int v = 0; v < nv; v++) {
         if (p->kind[v] != VAL_ARENA || p->root[v] != v || (p->loc && p->loc[v])) continue;
+        int ext = 0;
+        for (int i = 0; p->ext_root && i < g->noutputs; i++) ext |= p->ext_root[i] == v;
+        if (ext) continue; /* the caller's memory */
         size_t sz = plan_value_size(p, v);
         bufs[nb++] = (plan_buf){v, sz, 0, first[v] < 0 ? 0 : first[v], last[v] < 0 ? p->nsteps : last[v]};
         naive += sz;
@@ -314,6 +318,22 @@ static eng_status init_steps(eng_plan *p) {
     return ENG_STATUS_OK;
 }
 
+/* opts.ext_outputs: the roots each graph output can be written to directly (a step's output, shared with no other
+ * graph output). */
+static eng_status plan_ext_outputs(eng_plan *p) {
+    const eng_graph *g = p->g;
+    if (!(p->ext_root = malloc(((size_t)g->noutputs + 1) * sizeof(int))))
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int i = 0; i < g->noutputs; i++) {
+        int r = p->root[g->outputs[i]];
+        p->ext_root[i] = p->kind[r] == VAL_ARENA && plan_value_size(p, r) >= eng_tensor_nbytes(&p->vals[g->outputs[i]])
+                             && plan_value_bytes(g, r, &p->vals[r]) == eng_tensor_nbytes(&p->vals[r]) ? r : -1;
+        for (int j = 0; j < i; j++)
+            if (p->root[g->outputs[j]] == r) p->ext_root[i] = p->ext_root[j] = -1;
+    }
+    return ENG_STATUS_OK;
+}
+
 /* One attempt at a plan; `cpu_only` (may be NULL): nodes a device plan must run on the CPU (their device kernel's
  * init failed in an earlier attempt). On a device kernel's init failure *failed_node is that node. */
 static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, const eng_tensor *inputs,
@@ -366,9 +386,11 @@ static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, c
         p->vals[v] = inputs[i];
         p->vals[v].data = NULL;
         p->kind[v] = VAL_INPUT;
+        if (inputs[i].dtype == ENG_DTYPE_SEQUENCE) p->dynamic = 1; /* what sequence ops make is known when they run */
     }
     st = eng_graph_topo_order(g, order);
     if (st != ENG_STATUS_OK) goto fail;
+    if (p->opts.any_shape) p->dynamic = 1;
 
     eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
     char lb[300];
@@ -389,7 +411,9 @@ static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, c
         memset(s, 0, sizeof *s);
         s->node = order[oi];
         s->def = d;
-        if (d->kernel && !(d->flags & ENG_OP_ALIAS)) {
+        if (d->engine_kernel) {
+            s->kernel = d->engine_kernel; /* runs on the CPU, subgraphs and all (a device plan places it there) */
+        } else if (d->kernel && !(d->flags & ENG_OP_ALIAS)) {
             /* a device plan keeps the CPU kernel too: for folding, and as the fallback (plan-place.c) */
             s->kernel = krn_backend_find(p->dev ? krn_backend_cpu() : plan_backend(p), d->kernel);
             if (p->dev) s->dev_kernel = krn_backend_find(p->dev, d->kernel);
@@ -403,7 +427,8 @@ static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, c
             goto fail;
         }
         ctx_fill(p, n, in, outs);
-        eng_op_ctx c = {.graph = g, .node = n, .opset = g->opset, .in = in, .nin = n->nin, .out = outs, .nout = n->nout};
+        eng_op_ctx c = {.graph = g, .node = n, .opset = g->opset, .in = in, .nin = n->nin, .out = outs, .nout = n->nout,
+                        .nthreads = p->nthreads};
         if (d->prepare) {
             st = d->prepare(&c);
             s->params = c.params;
@@ -495,7 +520,8 @@ static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, c
     if (!p->dynamic) {
         const char *prof = getenv("TENSORD_PROFILE");
         if (prof && *prof && *prof != '0') p->prof_ms = calloc((size_t)p->nsteps + 1, sizeof *p->prof_ms);
-        if (!p->dev_steps) plan_split_try(p, inputs);
+        if (!p->dev_steps && !p->opts.ext_outputs) plan_split_try(p, inputs);
+        if (p->opts.ext_outputs && !p->dev_steps && (st = plan_ext_outputs(p)) != ENG_STATUS_OK) goto fail;
         if (!p->split) {
             st = plan_memory(p);
             if (st == ENG_STATUS_OK && p->dev_steps) st = plan_place_memory(p);
@@ -580,6 +606,38 @@ static void dyn_reset(eng_plan *p) {
         }
 }
 
+/* A dynamic run's step whose kernel allocates its outputs (ENG_OP_ALLOCATES), or an alias of a sequence (a copy of
+ * its block): the plan takes the buffers. */
+static eng_status run_allocating(eng_plan *p, plan_step *s, const eng_node *n, eng_tensor *in, eng_tensor *outs) {
+    const eng_graph *g = p->g;
+    char lb[300];
+    eng_status st;
+    if (s->def->flags & ENG_OP_ALIAS) st = eng_seq_clone(&in[0], &outs[0]);
+    else st = run_kernel_once(g, s, s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
+    for (int i = 0; i < n->nout; i++) {
+        int v = n->outputs[i];
+        if (st == ENG_STATUS_OK && v >= 0 && !outs[i].data && eng_tensor_numel(&outs[i]) != 0)
+            st = eng_err(ENG_STATUS_INTERNAL, "output %d was not produced", i);
+    }
+    if (st != ENG_STATUS_OK) {
+        for (int i = 0; i < n->nout; i++) eng_free(outs[i].data);
+        return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
+    }
+    for (int i = 0; i < n->nout; i++) {
+        int v = n->outputs[i];
+        if (v < 0) {
+            eng_free(outs[i].data);
+            continue;
+        }
+        if (!outs[i].data && !(outs[i].data = eng_alloc(1)))
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "%sout of memory", plan_node_label(g, n, lb, sizeof lb));
+        p->dyn_bufs[v] = outs[i].data;
+        p->vals[v] = outs[i];
+    }
+    for (int i = 0; i < n->nin; i++) dyn_release(p, n->inputs[i]);
+    return ENG_STATUS_OK;
+}
+
 static eng_status run_dynamic(eng_plan *p) {
     const eng_graph *g = p->g;
     eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
@@ -590,8 +648,13 @@ static eng_status run_dynamic(eng_plan *p) {
         plan_step *s = &p->steps[si];
         const eng_node *n = &g->nodes[s->node];
         ctx_fill(p, n, in, outs);
+        if ((s->def->flags & ENG_OP_ALLOCATES) ||
+            ((s->def->flags & ENG_OP_ALIAS) && in[0].dtype == ENG_DTYPE_SEQUENCE)) {
+            ENG_TRY(run_allocating(p, s, n, in, outs));
+            continue;
+        }
         eng_op_ctx c = {.graph = g, .node = n, .opset = g->opset, .in = in, .nin = n->nin, .out = outs,
-                        .nout = n->nout, .params = s->params};
+                        .nout = n->nout, .params = s->params, .nthreads = p->nthreads};
         eng_status st = s->def->infer(&c);
         if (st == ENG_STATUS_NEEDS_DATA)
             st = eng_err(ENG_STATUS_INTERNAL, "shape inference needs data that is missing at run time");
@@ -660,15 +723,34 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
     for (int i = 0; i < g->ninputs; i++) {
         int v = g->inputs[i];
         if (p->kind[v] != VAL_INPUT) continue;
+        if (p->opts.any_shape && inputs[i].dtype == p->vals[v].dtype && inputs[i].ndim >= 0 &&
+            inputs[i].ndim <= ENG_MAX_DIMS) {
+            p->vals[v] = inputs[i];
+            continue;
+        }
         ENG_TRY(check_run_input(g, i, &p->vals[v], &inputs[i]));
         p->vals[v].data = inputs[i].data;
     }
     if (p->split) return plan_split_run(p, inputs, outputs);
     omp_set_num_threads(p->nthreads);
+    for (int i = 0; p->ext_root && i < g->noutputs; i++)
+        if (p->ext_root[i] >= 0) p->vals[p->ext_root[i]].data = outputs[i].data;
     if (p->dynamic) {
         ENG_TRY(run_dynamic(p));
     } else {
         ENG_TRY(run_static(p));
+    }
+    if (p->ext_root) { /* static opts.ext_outputs plans: the outputs not written in place */
+        for (int i = 0; i < g->noutputs; i++) {
+            const eng_tensor *v = &p->vals[g->outputs[i]];
+            if (p->ext_root[i] >= 0) continue;
+            if (v->dtype != outputs[i].dtype || !eng_shape_equal(v, &outputs[i]))
+                return eng_err(ENG_STATUS_INTERNAL, "output '%s' changed shape or dtype", g->values[g->outputs[i]].name);
+            size_t nb = eng_tensor_nbytes(v);
+            if (nb && outputs[i].data != v->data) memmove(outputs[i].data, v->data, nb);
+        }
+        p->prof_runs++;
+        return ENG_STATUS_OK;
     }
     for (int i = 0; i < g->noutputs; i++) {
         outputs[i] = p->vals[g->outputs[i]];
@@ -678,6 +760,12 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
     }
     p->prof_runs++;
     return ENG_STATUS_OK;
+}
+
+const eng_tensor *eng_plan_output_desc(const eng_plan *p, int i, int *konst) {
+    int v = p->g->outputs[i];
+    if (konst) *konst = p->kind[v] == VAL_CONST;
+    return &p->vals[v];
 }
 
 void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
@@ -742,6 +830,7 @@ void eng_plan_free(eng_plan **pp) {
     free(p->uses);
     free(p->nreaders);
     free(p->dyn_bufs);
+    free(p->ext_root);
     free(p);
     *pp = NULL;
 }

@@ -75,6 +75,15 @@ typedef struct eng_plan_opts {
      * host memory. A plan with such an input or output needs static shapes and at least one step on the device. */
     const unsigned char *dev_inputs;
     const unsigned char *dev_outputs;
+    /* 1: eng_plan_run writes the outputs into the caller's memory (outputs[i].data on entry, sized for the plan's
+     * output shape): a static host plan computes each output that a step writes (and no other output shares) there
+     * directly, with no copy, and copies the rest (an output that is an input or a constant). Loop bodies use it to
+     * double-buffer loop-carried values. Never splits into sub-batches. A dynamic plan ignores it (outputs are views,
+     * as without it: eng_plan_get_stats says which). */
+    int ext_outputs;
+    /* 1: the plan is dynamic from its first step and eng_plan_run takes inputs of any shape (the dtypes planned): a
+     * Loop body whose loop-carried shapes change from one iteration to the next. */
+    int any_shape;
 } eng_plan_opts;
 
 typedef struct eng_plan eng_plan;
@@ -114,6 +123,22 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
 
 void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st);
 
+/* Graph output i as planned: dtype and shape (static plans; a dynamic plan's may be unknown), and *konst (may be
+ * NULL) set to 1 when its value was computed at plan time (then ->data holds it). */
+const eng_tensor *eng_plan_output_desc(const eng_plan *p, int i, int *konst);
+
 void eng_plan_free(eng_plan **p);
+
+/* Limits for ops that loop (Loop, Scan, SequenceMap; engine/plan/plan-ctrl.c). A deadline for the runs of the
+ * calling thread (CLOCK_MONOTONIC microseconds, 0: none; the server sets each request's or batch's): past it the op
+ * fails with ENG_STATUS_DEADLINE_EXCEEDED. The process-wide cap on one Loop's iterations per run (tensord's
+ * --max_loop_iterations, default 1,000,000): past it, INVALID_ARGUMENT. Messages name the node and the limit. */
+void eng_run_set_deadline(int64_t deadline_us);
+/* Load-time check of a control-flow node (If, Loop, Scan; OK for any other op) at the model's opset: its subgraphs
+ * are there, with the inputs and outputs the node needs; the error names the node and the subgraph. */
+eng_status eng_ctrl_check_node(int64_t opset, const eng_node *n);
+int64_t eng_run_deadline(void);
+void eng_set_max_loop_iterations(int64_t n);
+int64_t eng_max_loop_iterations(void);
 
 #endif

@@ -10,6 +10,9 @@
 #include "fuse.h"
 #include "../ops/op.h"
 #include "../ir/onnx.h"
+#include "../ir/seq.h"
+
+static eng_status check_nodes(const eng_graph *g, int64_t opset);
 
 typedef struct sess_plan {
     eng_tensor *shapes; /* g->ninputs entries, data NULL */
@@ -77,15 +80,11 @@ eng_status eng_session_new_graph(eng_graph *g, const eng_session_opts *opts, eng
         eng_session_free(&s);
         return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
     }
-    /* refuse unknown ops at load time, not at the first request */
-    for (int i = 0; i < g->nnodes; i++) {
-        const eng_node *n = &g->nodes[i];
-        if (!eng_op_find(n->domain, n->op_type)) {
-            eng_status st = eng_err(ENG_STATUS_UNSUPPORTED, "node '%s': op '%s'%s%s%s is not supported", n->name,
-                                    n->op_type, n->domain[0] ? " of domain '" : "", n->domain, n->domain[0] ? "'" : "");
-            eng_session_free(&s);
-            return st;
-        }
+    /* refuse unknown ops and malformed subgraphs at load time, not at the first request */
+    eng_status cst = check_nodes(g, g->opset);
+    if (cst != ENG_STATUS_OK) {
+        eng_session_free(&s);
+        return cst;
     }
     if (!s->opts.no_fuse) {
         eng_status st = eng_graph_fuse_for(g, krn_backend_is_host(s->opts.backend));
@@ -113,12 +112,34 @@ static eng_status input_list(const eng_graph *g, char *buf, size_t n) {
     return ENG_STATUS_OK;
 }
 
+/* Every node's op is known, in subgraphs too, and control-flow nodes fit their subgraphs (eng_ctrl_check_node). */
+static eng_status check_nodes(const eng_graph *g, int64_t opset) {
+    for (int i = 0; i < g->nnodes; i++) {
+        const eng_node *n = &g->nodes[i];
+        if (!eng_op_find(n->domain, n->op_type))
+            return eng_err(ENG_STATUS_UNSUPPORTED, "node '%s': op '%s'%s%s%s is not supported", n->name, n->op_type,
+                           n->domain[0] ? " of domain '" : "", n->domain, n->domain[0] ? "'" : "");
+        ENG_TRY(eng_ctrl_check_node(opset, n));
+        for (int a = 0; a < n->nattr; a++) {
+            if (n->attrs[a].type != ENG_ATTR_GRAPH || !n->attrs[a].g) continue;
+            eng_status st = check_nodes(n->attrs[a].g, opset);
+            if (st != ENG_STATUS_OK)
+                return eng_err_prefix(st, "node '%s' (%s): subgraph '%s': ", n->name, n->op_type, n->attrs[a].name);
+        }
+    }
+    return ENG_STATUS_OK;
+}
+
 static eng_status validate(const eng_graph *g, int idx, const eng_tensor *t) {
     const eng_value *v = &g->values[g->inputs[idx]];
     char a[200], b[200];
     if (v->dtype != ENG_DTYPE_UNDEFINED && t->dtype != v->dtype)
         return eng_err(ENG_STATUS_INVALID_ARGUMENT, "input '%s': expected dtype %s, got %s", v->name,
                        eng_dtype_name(v->dtype), eng_dtype_name(t->dtype));
+    if (t->dtype == ENG_DTYPE_SEQUENCE) {
+        if (!eng_seq_get(t)) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "input '%s': not a sequence value", v->name);
+        return ENG_STATUS_OK;
+    }
     if (eng_dtype_size(t->dtype) == 0)
         return eng_err(ENG_STATUS_UNSUPPORTED, "input '%s': dtype %s is not supported", v->name,
                        eng_dtype_name(t->dtype));

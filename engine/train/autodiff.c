@@ -198,7 +198,7 @@ static int ad_is_nondiff(const eng_node *n) {
 }
 
 static const eng_grad_rule *ad_find_rule(const eng_node *n) {
-    static const eng_grad_rule *const tables[] = {eng_grad_rules_math, eng_grad_rules_nn, eng_grad_rules_tensor, NULL};
+    static const eng_grad_rule *const tables[] = {eng_grad_rules_math, eng_grad_rules_nn, eng_grad_rules_tensor, eng_grad_rules_rnn, NULL};
     for (int t = 0; tables[t]; t++)
         for (const eng_grad_rule *r = tables[t]; r->op_type; r++)
             if (!strcmp(r->op_type, n->op_type) && !strcmp(r->domain ? r->domain : "", n->domain)) return r;

@@ -35,6 +35,7 @@ typedef struct eng_grad_rule {
 extern const eng_grad_rule eng_grad_rules_math[];
 extern const eng_grad_rule eng_grad_rules_nn[];
 extern const eng_grad_rule eng_grad_rules_tensor[];
+extern const eng_grad_rule eng_grad_rules_rnn[];
 
 static inline const eng_node *eng_grad_fwd(const eng_grad_ctx *c) { return &c->g->nodes[c->node]; }
 /* Forward input i / output j value index (-1 if omitted or absent). */

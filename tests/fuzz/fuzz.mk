@@ -18,7 +18,7 @@ SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fr
 FCFLAGS := -std=gnu11 -g -O1 -I. -I$(FUZZ_GEN) $(SAN) -Wall -Wextra -Wno-unused-parameter \
 	-Wno-missing-field-initializers
 LIB_SRC := engine/ir/graph.c engine/ir/onnx-load.c engine/ir/onnx-tensor.c engine/ir/onnx-save.c engine/ir/file-io.c \
-	engine/ir/npy.c engine/ir/tensor.c engine/ir/status.c
+	engine/ir/npy.c engine/ir/tensor.c engine/ir/status.c engine/ir/seq.c
 LIB_OBJ := $(FUZZ_GEN)/onnx.pb-c.o $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(LIB_SRC))
 BINS := $(patsubst %,$(FUZZ_OUT)/fuzz_%,$(TARGETS))
 

@@ -8,8 +8,9 @@
  *
  * Input spec "KIND:shape|values": P float param uniform in [-1, 1); Q positive param in [0.5, 2); D param with
  * distinct values 0.07 apart (max pooling); G param on the grid k/10 + 0.05 (never within 0.05 of a kink at a
- * multiple of 0.1: Relu, Clip, Abs); I int64 constant; F float constant; B bool constant; "-" omitted.
- * Shapes are "2x3x4" ("" = scalar). Attributes "name=i:3;name=f:0.5;name=s:tanh;name=is:1,2".
+ * multiple of 0.1: Relu, Clip, Abs); I int64 constant; J int32 constant (sequence_lens); F float constant; B bool
+ * constant; "-" omitted.
+ * Shapes are "2x3x4" ("" = scalar). Attributes "name=i:3;name=f:0.5;name=s:tanh;name=is:1,2;name=ss:Tanh,Relu".
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -27,7 +28,7 @@ typedef struct gc_row {
     const char *op;
     const char *domain;
     int opset;
-    const char *in[6];
+    const char *in[8];
     int nout;
     unsigned outmask; /* outputs that feed the loss (0 = output 0 only) */
     const char *attrs;
@@ -132,6 +133,32 @@ static const gc_row rows[] = {
     {"nll_sum_ignore", "NegativeLogLikelihoodLoss", "", 17, {"P:3x4x2", "I:3x2|1,3,-1,0,2,-1"}, 1, 0,
      "reduction=s:sum;ignore_index=i:-1", 0},
     {"nll_none", "NegativeLogLikelihoodLoss", "", 17, {"P:3x4", "I:3|0,3,2"}, 1, 0, "reduction=s:none", 0},
+    /* recurrent: X W R B sequence_lens initial_h initial_c P; outputs Y Y_h Y_c */
+    {"lstm_forward_Y", "LSTM", "", 14, {"P:3x2x3", "P:1x8x3", "P:1x8x2"}, 3, 1, "hidden_size=i:2", 0},
+    {"lstm_reverse_B_states_all", "LSTM", "", 14, {"P:3x2x3", "P:1x8x3", "P:1x8x2", "P:1x16", "-", "P:1x2x2", "P:1x2x2"},
+     3, 7, "hidden_size=i:2;direction=s:reverse", 0},
+    {"lstm_bidir_peep_seqlens_all", "LSTM", "", 14,
+     {"P:3x2x3", "P:2x8x3", "P:2x8x2", "P:2x16", "J:2|3,1", "P:2x2x2", "P:2x2x2", "P:2x6"}, 3, 7,
+     "hidden_size=i:2;direction=s:bidirectional", 0},
+    {"lstm_seqlens_Yh_only", "LSTM", "", 14, {"P:3x2x3", "P:1x8x3", "P:1x8x2", "P:1x16", "J:2|2,3", "P:1x2x2"}, 3, 2,
+     "hidden_size=i:2", 0},
+    {"lstm_layout1_bidir_Y_Yc", "LSTM", "", 14,
+     {"P:2x3x3", "P:2x8x3", "P:2x8x2", "P:2x16", "J:2|3,2", "P:2x2x2", "P:2x2x2", "P:2x6"}, 3, 5,
+     "hidden_size=i:2;direction=s:bidirectional;layout=i:1", 0},
+    {"lstm_clip_input_forget_acts", "LSTM", "", 14,
+     {"P:3x2x3", "P:1x8x3", "P:1x8x2", "P:1x16", "-", "P:1x2x2", "P:1x2x2", "P:1x6"}, 3, 7,
+     "hidden_size=i:2;clip=f:1.5;input_forget=i:1;activations=ss:HardSigmoid,Softsign,Tanh", 0},
+    {"gru_forward_Y", "GRU", "", 14, {"P:3x2x3", "P:1x6x3", "P:1x6x2"}, 2, 1, "hidden_size=i:2", 0},
+    {"gru_reverse_B_h0_all", "GRU", "", 14, {"P:3x2x3", "P:1x6x3", "P:1x6x2", "P:1x12", "-", "P:1x2x2"}, 2, 3,
+     "hidden_size=i:2;direction=s:reverse", 0},
+    {"gru_bidir_lbr_seqlens_all", "GRU", "", 14, {"P:3x2x3", "P:2x6x3", "P:2x6x2", "P:2x12", "J:2|1,3", "P:2x2x2"}, 2, 3,
+     "hidden_size=i:2;direction=s:bidirectional;linear_before_reset=i:1", 0},
+    {"gru_layout1_seqlens_Yh_only", "GRU", "", 14, {"P:2x3x3", "P:1x6x3", "P:1x6x2", "P:1x12", "J:2|3,2", "P:2x1x2"}, 2, 2,
+     "hidden_size=i:2;layout=i:1", 0},
+    {"rnn_bidir_seqlens_all", "RNN", "", 14, {"P:3x2x3", "P:2x2x3", "P:2x2x2", "P:2x4", "J:2|2,3", "P:2x2x2"}, 2, 3,
+     "hidden_size=i:2;direction=s:bidirectional", 0},
+    {"rnn_reverse_layout1_Yh_only", "RNN", "", 14, {"P:2x3x3", "P:1x2x3", "P:1x2x2", "P:1x4", "-", "P:2x1x2"}, 2, 2,
+     "hidden_size=i:2;direction=s:reverse;layout=i:1", 0},
 };
 
 /* ---- deterministic random numbers ---- */
@@ -179,10 +206,17 @@ static void add_attrs(eng_graph *g, int node, const char *spec) {
         const char *kind = eq + 1, *val = colon + 1;
         eng_attr a = {.name = tok};
         int64_t ints[16];
+        char *strs[16];
         if (!strcmp(kind, "i")) a.type = ENG_ATTR_INT, a.i = strtoll(val, NULL, 10);
         else if (!strcmp(kind, "f")) a.type = ENG_ATTR_FLOAT, a.f = strtof(val, NULL);
         else if (!strcmp(kind, "s")) a.type = ENG_ATTR_STRING, a.s = (char *)val, a.s_len = strlen(val);
-        else {
+        else if (!strcmp(kind, "ss")) {
+            a.type = ENG_ATTR_STRINGS;
+            a.strings = strs;
+            char *save2 = NULL;
+            for (char *w = strtok_r((char *)val, ",", &save2); w && a.n < 16; w = strtok_r(NULL, ",", &save2))
+                strs[a.n++] = w;
+        } else {
             a.type = ENG_ATTR_INTS;
             const char *p = val;
             while (*p) {
@@ -198,8 +232,8 @@ static void add_attrs(eng_graph *g, int node, const char *spec) {
 typedef struct gc_case {
     eng_graph *g;           /* forward + loss */
     int nparams;
-    const char *pnames[6];
-    eng_tensor *pvals[6];   /* owned copies of the parameter values */
+    const char *pnames[8];
+    eng_tensor *pvals[8];   /* owned copies of the parameter values */
 } gc_case;
 
 /* Build op + loss. Output shapes come from a first run without the loss (projection sizes). */
@@ -207,8 +241,8 @@ static void build_case(const gc_row *r, gc_case *k) {
     memset(k, 0, sizeof *k);
     eng_graph *g = eng_graph_new();
     g->opset = r->opset;
-    int ins[6], nin = 0;
-    for (int i = 0; i < 6 && r->in[i]; i++, nin++) {
+    int ins[8], nin = 0;
+    for (int i = 0; i < 8 && r->in[i]; i++, nin++) {
         const char *s = r->in[i];
         if (!strcmp(s, "-")) {
             ins[i] = -1;
@@ -222,8 +256,9 @@ static void build_case(const gc_row *r, gc_case *k) {
         int v = eng_graph_add_value(g, name);
         ins[i] = v;
         eng_tensor *t;
-        if (kind == 'I' || kind == 'B' || kind == 'F') {
-            t = new_tensor(kind == 'I' ? ENG_DTYPE_I64 : kind == 'B' ? ENG_DTYPE_BOOL : ENG_DTYPE_F32, nd, dims);
+        if (kind == 'I' || kind == 'J' || kind == 'B' || kind == 'F') {
+            eng_dtype dt = kind == 'I' ? ENG_DTYPE_I64 : kind == 'J' ? ENG_DTYPE_I32 : kind == 'B' ? ENG_DTYPE_BOOL : ENG_DTYPE_F32;
+            t = new_tensor(dt, nd, dims);
             const char *p = vals + 1;
             for (int64_t e = 0; e < eng_tensor_numel(t); e++) {
                 eng_tensor_set_f64(t, e, strtod(p, (char **)&p));
@@ -306,7 +341,7 @@ static void build_case(const gc_row *r, gc_case *k) {
 
 static double run_loss(eng_session *s, gc_case *k) {
     eng_tensor out[1];
-    eng_tensor feed[6];
+    eng_tensor feed[8];
     for (int i = 0; i < k->nparams; i++) feed[i] = *k->pvals[i];
     cr_assert_eq(eng_session_run(s, k->nparams, k->pnames, feed, out), ENG_STATUS_OK, "%s", eng_last_error());
     return eng_tensor_get_f64(&out[0], 0);
@@ -326,7 +361,7 @@ static void check_row(const gc_row *r) {
     cr_assert_eq(eng_session_new_graph(k.g, &so, &sf), ENG_STATUS_OK, "%s: %s", r->name, eng_last_error());
     const eng_graph *fg = eng_session_graph(sf); /* the session owns k.g now: take names from its graph */
     for (int i = 0; i < k.nparams; i++) k.pnames[i] = fg->values[eng_graph_find_value(fg, k.pnames[i])].name;
-    eng_tensor out[8], feed[6];
+    eng_tensor out[9], feed[8];
     for (int i = 0; i < k.nparams; i++) feed[i] = *k.pvals[i];
     cr_assert_eq(eng_session_run(sad, k.nparams, k.pnames, feed, out), ENG_STATUS_OK, "%s: backward run: %s", r->name,
                  eng_last_error());
@@ -383,7 +418,7 @@ Test(grad, every_rule_has_a_row) {
         "ReduceSum", "ReduceMean", "Softmax", "LogSoftmax", "MatMul", "Gemm", "Conv", "MaxPool", "AveragePool",
         "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "LayerNormalization", "SoftmaxCrossEntropyLoss",
         "NegativeLogLikelihoodLoss", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand", "Transpose", "Concat",
-        "Split", "Slice", "Gather", "Dropout", "TrainingDropout", NULL};
+        "Split", "Slice", "Gather", "Dropout", "TrainingDropout", "LSTM", "GRU", "RNN", NULL};
     for (int i = 0; ops[i]; i++) {
         int found = 0;
         for (size_t j = 0; j < sizeof rows / sizeof rows[0]; j++) found |= !strcmp(rows[j].op, ops[i]);

@@ -534,7 +534,9 @@ Test(onnx_save, subgraph_outer_scope, .init = mk_tmp, .fini = rm_tmp) {
     g->outputs[0] = r;
     g->noutputs = 1;
     eng_graph_add_node(g, "pre", "Relu", "", &x, 1, &xr, 1);
-    int nif = eng_graph_add_node(g, "if", "If", "", &cond, 1, &r, 1);
+    /* the If lists the outer value its branches read as an implicit input, as the loader does (graph.h) */
+    int nif = eng_graph_add_node(g, "if", "If", "", (int[]){cond, xr}, 2, &r, 1);
+    g->nodes[nif].nimplicit = 1;
     eng_graph *body = eng_graph_new();
     int bx = eng_graph_add_value(body, "xr"), by = eng_graph_add_value(body, "by"); /* xr: outer scope */
     eng_graph_add_node(body, "neg", "Neg", "", &bx, 1, &by, 1);
