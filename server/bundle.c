@@ -386,6 +386,9 @@ static srv_code fill_io(const char *model, int64_t version, const char *file, co
     io->name = strdup(a ? a->client : v->name);
     io->onnx_name = strdup(v->name);
     if (!io->name || !io->onnx_name) return SIGERR(SRV_RESOURCE_EXHAUSTED, "out of memory");
+    if (v->dtype == ENG_DTYPE_SEQUENCE)
+        return SIGERR(SRV_UNIMPLEMENTED, "%s '%s' is a sequence of tensors: tensord serves tensor inputs and outputs "
+                      "(sequences may be used inside the model)", what, v->name);
     io->dtype = v->dtype;
     io->ndim = v->ndim;
     for (int d = 0; d < ENG_MAX_DIMS; d++) io->dims[d] = d < v->ndim ? v->dims[d] : -1;

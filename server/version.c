@@ -270,7 +270,10 @@ static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensor
             c = srv_err_from_eng(err, st, pre);
         }
         for (int i = 0; i < v->sig.noutputs && c == SRV_OK; i++)
-            if (srv_tensors_add_copy(out, v->sig.outputs[i].name, &outs[v->sig.out_index[i]]) != 0)
+            if (outs[v->sig.out_index[i]].dtype == ENG_DTYPE_SEQUENCE) /* an output the model left undeclared */
+                c = VERR(SRV_UNIMPLEMENTED, "output '%s' is a sequence of tensors: tensord serves tensor outputs",
+                         v->sig.outputs[i].name);
+            else if (srv_tensors_add_copy(out, v->sig.outputs[i].name, &outs[v->sig.out_index[i]]) != 0)
                 c = VERR(SRV_RESOURCE_EXHAUSTED, "cannot copy output '%s' (out of memory or too large)",
                          v->sig.outputs[i].name);
         int64_t r2 = srv_metrics_clock_ns();

@@ -240,6 +240,14 @@ static void ctrl_fill_outer(const ctrl_sub *s, const eng_tensor *in, eng_tensor 
 
 static int ctrl_same(const eng_tensor *a, const eng_tensor *b) { return a->dtype == b->dtype && eng_shape_equal(a, b); }
 
+/* At plan time (infer): sub s's plan for the formal inputs in fin[0..nformal) and the node's outer values; NEEDS_DATA
+ * when that plan is itself dynamic (the node's output shapes are then known only when it runs). */
+static eng_status ctrl_infer_plan(eng_op_ctx *c, ctrl_sub *s, eng_tensor *fin, eng_plan **pl) {
+    ctrl_fill_outer(s, c->in, fin);
+    ENG_TRY(ctrl_sub_plan(s, fin, c->nthreads, 0, pl));
+    return ctrl_plan_dynamic(*pl) ? ENG_STATUS_NEEDS_DATA : ENG_STATUS_OK;
+}
+
 /* ---- values handed between iterations ---- */
 
 /* Give *o (dtype/shape set) memory of its size when it has none. */
@@ -384,9 +392,7 @@ static eng_status if_infer(eng_op_ctx *c, ctrl_params *p) {
         if (s->flat->noutputs != c->nout)
             return eng_err(ENG_STATUS_INVALID_MODEL, "subgraph '%s' has %d outputs; the node has %d", s->attr,
                            s->flat->noutputs, c->nout);
-        ctrl_fill_outer(s, c->in, fin);
-        ENG_TRY(ctrl_sub_plan(s, fin, c->nthreads, 0, &pl[b]));
-        if (ctrl_plan_dynamic(pl[b])) return ENG_STATUS_NEEDS_DATA;
+        ENG_TRY(ctrl_infer_plan(c, s, fin, &pl[b]));
     }
     for (int i = 0; i < c->nout; i++) {
         const eng_tensor *a = eng_plan_output_desc(pl[lo], i, NULL);
@@ -494,10 +500,8 @@ static eng_status loop_infer(eng_op_ctx *c, ctrl_params *p) {
         loop_feed(p, j, c->in + 2, fin);
     }
     ctrl_sub *s = &p->sub[0];
-    ctrl_fill_outer(s, c->in, fin);
     eng_plan *pl;
-    ENG_TRY(ctrl_sub_plan(s, fin, c->nthreads, 0, &pl));
-    if (ctrl_plan_dynamic(pl)) return ENG_STATUS_NEEDS_DATA;
+    ENG_TRY(ctrl_infer_plan(c, s, fin, &pl));
     for (int j = 0; j < ncar; j++) {
         const eng_tensor *d = eng_plan_output_desc(pl, 1 + j, NULL), *v = &c->in[2 + j];
         if (d->dtype != v->dtype)
@@ -853,11 +857,8 @@ static eng_status scan_infer(eng_op_ctx *c, ctrl_params *p) {
         T = row.dims[ax];
         scan_slice_shape(&row, ax, &fin[ns + j]);
     }
-    ctrl_sub *s = &p->sub[0];
-    ctrl_fill_outer(s, c->in, fin);
     eng_plan *pl;
-    ENG_TRY(ctrl_sub_plan(s, fin, c->nthreads, 0, &pl));
-    if (ctrl_plan_dynamic(pl)) return ENG_STATUS_NEEDS_DATA;
+    ENG_TRY(ctrl_infer_plan(c, &p->sub[0], fin, &pl));
     for (int j = 0; j < ns; j++) {
         const eng_tensor *d = eng_plan_output_desc(pl, j, NULL);
         if (!ctrl_same(d, &fin[j]))
