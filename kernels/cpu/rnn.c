@@ -34,6 +34,7 @@
 #include "../krn-nn.h"
 #include "../krn-rnn.h"
 #include "rnn-act.h"
+#include "rnn-gemm.h"
 
 enum { RNN_IMPL_PLAIN = 1, RNN_IMPL_DNNL = 2 };
 
@@ -45,77 +46,8 @@ static eng_status krn_rnn_dnnl_exec(const krn_call *c, krn_rnn_dnnl *s);
 static void krn_rnn_dnnl_describe(const krn_rnn_dnnl *s, char *buf, size_t cap);
 static void krn_rnn_dnnl_free(krn_rnn_dnnl *s);
 
-#define RNN_PANEL 16    /* columns per packed panel of R^T (one 64-byte vector) */
 #define RNN_MAX_TEAM 64 /* threads per direction */
 
-typedef float rnn_v16 __attribute__((vector_size(64)));
-
-/* ---- the recurrence GEMM on packed panels ----
- * out[m, c] = sum_k h[m*ldh + k] * R^T[k, c], for panels of 16 columns: pk[(p*K + k)*16 + l] holds R^T[k, p*16 + l].
- * out rows: ldo floats (a multiple of 16), 64-byte aligned. */
-#define RNN_MK(MR, NR)                                                                                              \
-    static inline void rnn_mk_##MR##x##NR(const float *h, int64_t ldh, int64_t K, const float *pk, float *out,      \
-                                          int64_t ldo) {                                                          \
-        rnn_v16 acc[MR][NR];                                                                                      \
-        for (int m = 0; m < MR; m++)                                                                              \
-            for (int n = 0; n < NR; n++) acc[m][n] = (rnn_v16){0};                                                \
-        const int64_t ps = K * RNN_PANEL;                                                                         \
-        for (int64_t k = 0; k < K; k++) {                                                                         \
-            rnn_v16 w[NR];                                                                                        \
-            for (int n = 0; n < NR; n++) w[n] = *(const rnn_v16 *)(pk + n * ps + k * RNN_PANEL);                  \
-            for (int m = 0; m < MR; m++) {                                                                        \
-                float hv = h[m * ldh + k];                                                                        \
-                for (int n = 0; n < NR; n++) acc[m][n] += hv * w[n];                                              \
-            }                                                                                                     \
-        }                                                                                                         \
-        for (int m = 0; m < MR; m++)                                                                              \
-            for (int n = 0; n < NR; n++) *(rnn_v16 *)(out + m * ldo + n * RNN_PANEL) = acc[m][n];                 \
-    }
-RNN_MK(6, 4)
-RNN_MK(4, 4)
-RNN_MK(1, 4)
-RNN_MK(4, 1)
-RNN_MK(1, 8)
-RNN_MK(1, 1)
-
-/* 6x4 blocks (24 accumulators + 4 weight vectors: the AVX-512 register file) with the 64 columns' panels held in
- * L1 while the rows stream by; fewer than 4 rows (a batch of 1-3: a GEMV, bound by reading R^T) 1x8. */
-static void rnn_gemm(const float *h, int64_t ldh, int64_t M, int64_t K, const float *pk, int64_t np, float *out,
-                     int64_t ldo) {
-    const int64_t ps = K * RNN_PANEL;
-    if (M < 4) {
-        for (int64_t m = 0; m < M; m++) {
-            int64_t p = 0;
-            for (; p + 8 <= np; p += 8) rnn_mk_1x8(h + m * ldh, ldh, K, pk + p * ps, out + m * ldo + p * RNN_PANEL, ldo);
-            for (; p + 4 <= np; p += 4) rnn_mk_1x4(h + m * ldh, ldh, K, pk + p * ps, out + m * ldo + p * RNN_PANEL, ldo);
-            for (; p < np; p++) rnn_mk_1x1(h + m * ldh, ldh, K, pk + p * ps, out + m * ldo + p * RNN_PANEL, ldo);
-        }
-        return;
-    }
-    int64_t p = 0;
-    for (; p + 4 <= np; p += 4) {
-        int64_t m = 0;
-        for (; m + 6 <= M; m += 6) rnn_mk_6x4(h + m * ldh, ldh, K, pk + p * ps, out + m * ldo + p * RNN_PANEL, ldo);
-        for (; m + 4 <= M; m += 4) rnn_mk_4x4(h + m * ldh, ldh, K, pk + p * ps, out + m * ldo + p * RNN_PANEL, ldo);
-        for (; m < M; m++) rnn_mk_1x4(h + m * ldh, ldh, K, pk + p * ps, out + m * ldo + p * RNN_PANEL, ldo);
-    }
-    for (; p < np; p++) {
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) rnn_mk_4x1(h + m * ldh, ldh, K, pk + p * ps, out + m * ldo + p * RNN_PANEL, ldo);
-        for (; m < M; m++) rnn_mk_1x1(h + m * ldh, ldh, K, pk + p * ps, out + m * ldo + p * RNN_PANEL, ldo);
-    }
-}
-
-/* W^T panels for the input projection: columns [p0*16, p1*16) of W viewed as [cols, K] row-major (cols = dirs *
- * gates * hidden, in ONNX order), zero past the last column. */
-static void rnn_pack_cols(const float *W, int64_t cols, int64_t K, int64_t p0, int64_t p1, float *dst) {
-    for (int64_t pi = p0; pi < p1; pi++)
-        for (int64_t k = 0; k < K; k++)
-            for (int l = 0; l < RNN_PANEL; l++) {
-                int64_t col = pi * RNN_PANEL + l;
-                dst[(pi * K + k) * RNN_PANEL + l] = col < cols ? W[col * K + k] : 0.f;
-            }
-}
 
 /* ---- a barrier per team (OpenMP's barrier spans all threads; the two directions must not wait on each other) ----
  * Spins briefly, then sleeps on a futex: on a machine shared with other work a team mate may be preempted, and a
@@ -157,8 +89,7 @@ typedef struct rnn_plain {
     int teams, tpd;               /* thread teams (1, or 2: one per direction) x threads per team */
     int nthr;                     /* threads of the region: teams * tpd, or more for the input projection */
     int ntm;                      /* this run's threads per team: tpd, or 1 (each thread then runs all the slices) */
-    double best_s;                /* fastest run with tpd threads per team (seconds) */
-    int solo_left;                /* runs left with one thread per team (after a run far slower than best_s) */
+    rnn_team_guard guard;         /* tpd threads per team, or one after a stretch of stalled runs (rnn-gemm.h) */
     int two_gemms;                /* GRU with linear_before_reset = 0 */
     rnn_slice sl[2][RNN_MAX_TEAM];/* per direction, per thread of its team */
     float *pack;                  /* R^T panels of every slice */
@@ -563,11 +494,9 @@ static eng_status rnn_plain_exec(const krn_call *c, rnn_plain *s) {
     if (c->nout > KRN_RNN_OUT_Y) io.Y = c->out[KRN_RNN_OUT_Y].data;
     if (c->nout > KRN_RNN_OUT_H) io.Yh = c->out[KRN_RNN_OUT_H].data;
     if (p->cell == KRN_RNN_LSTM && c->nout > KRN_RNN_OUT_C) io.Yc = c->out[KRN_RNN_OUT_C].data;
-    /* Threads per team: a step's barrier needs every team mate running. On a machine shared with other work a
-     * preempted mate stalls every step (a run then takes many times its best); the next runs then use one thread per
-     * team (running all slices, no barrier), and try the team again after 32 of them. */
-    s->ntm = s->solo_left > 0 ? 1 : s->tpd;
-    if (s->solo_left > 0) s->solo_left--;
+    /* Threads per team: a step's barrier needs every team mate running; after stalled runs, one thread per team
+     * (running all slices, no barrier) for a while (rnn_team_guard). */
+    s->ntm = rnn_guard_team(&s->guard) ? s->tpd : 1;
     for (int t = 0; t < 2; t++) s->bar[t].n = s->ntm;
     int nthr = s->nthr > s->teams * s->ntm ? s->nthr : s->teams * s->ntm;
     if (s->ntm == 1 && s->nthr == s->teams * s->tpd) nthr = s->teams;
@@ -580,10 +509,7 @@ static eng_status rnn_plain_exec(const krn_call *c, rnn_plain *s) {
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    if (s->ntm > 1) {
-        if (s->best_s == 0 || dt < s->best_s) s->best_s = dt;
-        else if (dt > 4 * s->best_s && dt > 2e-4) s->solo_left = 32;
-    }
+    if (s->ntm > 1) rnn_guard_note(&s->guard, dt);
     return ENG_STATUS_OK;
 }
 
@@ -916,7 +842,7 @@ static eng_status rnn_init(krn_call *c) {
         }
         s->impl = RNN_IMPL_PLAIN;
         const char *e = getenv("TENSORD_RNN_IMPL");
-        if (e && !strcmp(e, "plain-solo")) s->plain->solo_left = 1 << 30;
+        if (e && !strcmp(e, "plain-solo")) s->plain->guard.solo_left = 1 << 30;
         snprintf(s->desc, sizeof s->desc, "plain gemm+fused gates (%s, %d team%s x %d thread%s, R %s)",
                  p->cell == KRN_RNN_LSTM ? "lstm" : p->cell == KRN_RNN_GRU ? (p->linear_before_reset ? "gru lbr" : "gru") : "rnn",
                  s->plain->teams, s->plain->teams > 1 ? "s" : "", s->plain->tpd, s->plain->tpd > 1 ? "s" : "",

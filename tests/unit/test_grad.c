@@ -142,6 +142,9 @@ static const gc_row rows[] = {
      "hidden_size=i:2;direction=s:bidirectional", 0},
     {"lstm_seqlens_Yh_only", "LSTM", "", 14, {"P:3x2x3", "P:1x8x3", "P:1x8x2", "P:1x16", "J:2|2,3", "P:1x2x2"}, 3, 2,
      "hidden_size=i:2", 0},
+    /* a row of length 0: its Y_h and Y_c are zeros whatever initial_h / initial_c hold (no gradient reaches them) */
+    {"lstm_len0_row_states", "LSTM", "", 14,
+     {"P:3x2x3", "P:1x8x3", "P:1x8x2", "P:1x16", "J:2|0,3", "P:1x2x2", "P:1x2x2"}, 3, 7, "hidden_size=i:2", 0},
     {"lstm_layout1_bidir_Y_Yc", "LSTM", "", 14,
      {"P:2x3x3", "P:2x8x3", "P:2x8x2", "P:2x16", "J:2|3,2", "P:2x2x2", "P:2x2x2", "P:2x6"}, 3, 5,
      "hidden_size=i:2;direction=s:bidirectional;layout=i:1", 0},
