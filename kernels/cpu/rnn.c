@@ -144,18 +144,21 @@ static void rnn_pack_slice(const krn_rnn_params *p, const float *R, int d, const
             }
 }
 
+/* Direction d's slice l of R into its panels (two GEMMs' worth for GRU with linear_before_reset = 0). */
+static void rnn_pack_one(const krn_rnn_params *p, const rnn_plain *s, const float *R, int d, int l) {
+    const rnn_slice *sl = &s->sl[d][l];
+    if (!sl->hs) return;
+    if (s->two_gemms) {
+        rnn_pack_slice(p, R, d, sl, 0, 2, s->pack + sl->off1);
+        rnn_pack_slice(p, R, d, sl, 2, 3, s->pack + sl->off2);
+    } else {
+        rnn_pack_slice(p, R, d, sl, 0, p->ngates, s->pack + sl->off1);
+    }
+}
+
 static void rnn_pack_all(const krn_rnn_params *p, rnn_plain *s, const float *R) {
     for (int d = 0; d < p->ndir; d++)
-        for (int l = 0; l < s->tpd; l++) {
-            const rnn_slice *sl = &s->sl[d][l];
-            if (!sl->hs) continue;
-            if (s->two_gemms) {
-                rnn_pack_slice(p, R, d, sl, 0, 2, s->pack + sl->off1);
-                rnn_pack_slice(p, R, d, sl, 2, 3, s->pack + sl->off2);
-            } else {
-                rnn_pack_slice(p, R, d, sl, 0, p->ngates, s->pack + sl->off1);
-            }
-        }
+        for (int l = 0; l < s->tpd; l++) rnn_pack_one(p, s, R, d, l);
 }
 
 /* Threads for the call: a team per direction when there are threads for both, and within a team as many threads as
@@ -450,16 +453,7 @@ static void rnn_plain_thread(const krn_call *c, rnn_plain *s, const rnn_io *io, 
     const float *R = c->in[KRN_RNN_IN_R].data;
     if (tid < s->teams * ntm && !s->packed)
         for (int d = team; d < p->ndir; d += s->teams)
-            for (int li = l0; li < l1; li++) {
-                const rnn_slice *sl = &s->sl[d][li];
-                if (!sl->hs) continue;
-                if (s->two_gemms) {
-                    rnn_pack_slice(p, R, d, sl, 0, 2, s->pack + sl->off1);
-                    rnn_pack_slice(p, R, d, sl, 2, 3, s->pack + sl->off2);
-                } else {
-                    rnn_pack_slice(p, R, d, sl, 0, p->ngates, s->pack + sl->off1);
-                }
-            }
+            for (int li = l0; li < l1; li++) rnn_pack_one(p, s, R, d, li);
 #pragma omp barrier
     if (tid >= s->teams * ntm) return;
     for (int d = team; d < p->ndir; d += s->teams) rnn_plain_dir(p, s, io, d, l0, l1);
