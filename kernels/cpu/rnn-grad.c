@@ -748,8 +748,11 @@ static eng_status rnn_grad_run(krn_call *c, rg_state *g) {
             for (int64_t j = 0; dP && j < 3 * H; j++) dP[d * 3 * H + j] = (float)sp[j];
         }
         for (int64_t b = 0; b < g->B; b++) { /* a row of length 0 outputs zeros whatever its initial state (krn-rnn.h) */
-            if (dh0 && g->len[b] > 0) memcpy(dh0 + rg_st(g, d, b), g->dh + b * H, (size_t)H * sizeof(float));
-            if (dc0 && g->len[b] > 0) memcpy(dc0 + rg_st(g, d, b), g->dc + b * H, (size_t)H * sizeof(float));
+            size_t hb = (size_t)H * sizeof(float);
+            if (dh0 && g->len[b] > 0) memcpy(dh0 + rg_st(g, d, b), g->dh + b * H, hb);
+            else if (dh0) memset(dh0 + rg_st(g, d, b), 0, hb);
+            if (dc0 && g->len[b] > 0) memcpy(dc0 + rg_st(g, d, b), g->dc + b * H, hb);
+            else if (dc0) memset(dc0 + rg_st(g, d, b), 0, hb);
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &ts1);
