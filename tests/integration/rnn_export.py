@@ -116,8 +116,40 @@ def torch_models():
         return {"b1_t5": {"x": g.standard_normal((1, 5, 3)).astype(np.float32)},
                 "b5_t2": {"x": g.standard_normal((5, 2, 3)).astype(np.float32)}}
 
+    class RNNRelu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.RNN(8, 16, num_layers=2, nonlinearity="relu", bidirectional=True)
+
+        def forward(self, x, h0):
+            return self.rnn(x, h0)
+
+    class WhileLoop(nn.Module):
+        def forward(self, x, limit):
+            y = x
+            i = 0
+            while bool(y.abs().sum() < limit):
+                y = y * 2 + 1
+                i += 1
+            return y, torch.tensor(i)
+
+    def rnn_h0_cases(g):  # time-major, with initial states: [layers * 2, N, 16]
+        return {"t5_b3": {"x": g.standard_normal((5, 3, 8)).astype(np.float32),
+                          "h0": g.standard_normal((4, 3, 16)).astype(np.float32)},
+                "t2_b1": {"x": g.standard_normal((2, 1, 8)).astype(np.float32),
+                          "h0": g.standard_normal((4, 1, 16)).astype(np.float32)}}
+
+    def while_cases(g):
+        return {"small": {"x": (g.standard_normal((2, 3)) * 0.01).astype(np.float32), "limit": np.array(50, np.float32)},
+                "done": {"x": np.full((2, 3), 10, np.float32), "limit": np.array(1, np.float32)}}
+
     nt = {0: "N", 1: "T"}
     return {
+        "torch_rnn_relu_h0": (RNNRelu, ["x", "h0"], ["y", "h"],
+                              {"x": {0: "T", 1: "N"}, "h0": {1: "N"}, "y": {0: "T", 1: "N"}, "h": {1: "N"}},
+                              rnn_h0_cases),
+        "torch_script_while": (lambda: torch.jit.script(WhileLoop()), ["x", "limit"], ["y", "n"],
+                               {"x": {0: "N", 1: "D"}, "y": {0: "N", 1: "D"}}, while_cases),
         "torch_lstm": (lambda: nn.LSTM(8, 16, num_layers=2, bidirectional=True, batch_first=True), ["x"],
                        ["y", "h", "c"], {"x": nt, "y": nt, "h": {1: "N"}, "c": {1: "N"}}, rnn_cases),
         "torch_gru": (lambda: nn.GRU(8, 16, num_layers=2, bidirectional=True, batch_first=True), ["x"], ["y", "h"],
@@ -187,6 +219,18 @@ def keras_models():
         "keras_lstm_stack": (lambda: keras.Sequential([keras.Input((T, 6)), L.LSTM(24, return_sequences=True),
                                                        L.LSTM(16), dense(3)]), ("x", [T, 6], "float32"),
                              series_cases),
+        # more layer settings users have: SimpleRNN and GRU(reset_after=False) (both Loops), a bidirectional
+        # LSTM returning sequences, Conv1D before a backwards LSTM (LSTM over ReverseSequence)
+        "keras_simplernn": (lambda: keras.Sequential([keras.Input((T, 6)), L.SimpleRNN(16), dense(3)]),
+                            ("x", [T, 6], "float32"), series_cases),
+        "keras_gru_v1": (lambda: keras.Sequential([keras.Input((T, 6)), L.GRU(16, reset_after=False), dense(3)]),
+                         ("x", [T, 6], "float32"), series_cases),
+        "keras_bilstm_seq": (lambda: keras.Sequential([keras.Input((T, 6)),
+                                                       L.Bidirectional(L.LSTM(12, return_sequences=True)), dense(3)]),
+                             ("x", [T, 6], "float32"), series_cases),
+        "keras_conv_lstm_back": (lambda: keras.Sequential([keras.Input((T, 6)), L.Conv1D(8, 3, activation="relu"),
+                                                           L.LSTM(16, go_backwards=True), dense(3)]),
+                                 ("x", [T, 6], "float32"), series_cases),
     }
 
 

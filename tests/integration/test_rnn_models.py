@@ -20,6 +20,14 @@ that names tensord is tensord's.
                           select (Cast/Mul/Add of the per-step mask), padded rows (zeros at the end).  Needs: Loop
       keras_lstm_stack    LSTM(24, return_sequences) -> LSTM(16) -> Dense on float series: two ONNX LSTM nodes.
                           Needs: LSTM
+      keras_simplernn, keras_gru_v1   SimpleRNN(16) and GRU(16, reset_after=False): tf2onnx writes both as a Loop
+                          over the cell.  Needs: Loop
+      keras_bilstm_seq    Bidirectional(LSTM(12, return_sequences)) -> Dense per step: one bidirectional LSTM.
+      keras_conv_lstm_back  Conv1D(relu) -> LSTM(go_backwards) -> Dense: Conv, then an LSTM over ReverseSequence.
+      torch_rnn_relu_h0   nn.RNN(8, 16, 2 layers, nonlinearity=relu, bidirectional), time-major, h0 an input: two
+                          RNN nodes with activations Relu.  Needs: RNN
+      torch_script_while  a scripted `while` on a data-dependent condition (no trip count), cases where it runs
+                          and where it never does.  Needs: Loop with cond only
       torch_lstm          torch 1.13, opset 14: nn.LSTM(8,16, num_layers=2, bidirectional, batch_first), dynamic
                           N and T: two LSTM nodes (direction=bidirectional, no activations attribute), outputs y, h, c.
                           Needs: LSTM (bidirectional, Y layout [T,2,N,H] reshaped by torch's Transpose/Reshape)
@@ -172,6 +180,12 @@ EXPECT_OPS = {
     "torch_lstm_packed": {"LSTM", "TopK"},
     "torch_script_ifloop": {"If", "Loop", "If.then_branch/Mul", "If.else_branch/Sub"},
     "torch_script_list": {"SequenceEmpty", "Loop", "Loop.body/SequenceInsert", "ConcatFromSequence"},
+    "keras_simplernn": {"Loop", "Loop.body/MatMul"},
+    "keras_gru_v1": {"Loop", "Loop.body/Sigmoid"},
+    "keras_bilstm_seq": {"LSTM"},
+    "keras_conv_lstm_back": {"Conv", "LSTM", "ReverseSequence"},
+    "torch_rnn_relu_h0": {"RNN"},
+    "torch_script_while": {"Loop", "Loop.body/Less"},
 }
 EXPORTED_CASES = {
     "keras_lstm": ["b1", "b5"], "keras_bigru": ["b1", "b5"], "keras_masked_lstm": ["b1", "b5"],
@@ -179,6 +193,9 @@ EXPORTED_CASES = {
     "torch_lstm": ["b1_t7", "b5_t4"], "torch_gru": ["b1_t7", "b5_t4"], "torch_lstm_packed": ["b1_t6", "b5_t7"],
     "torch_script_ifloop": ["b1_pos_n3", "b5_neg_n5", "b5_pos_n0", "b5_mixed_n2"],
     "torch_script_list": ["b1_t5", "b5_t2"],
+    "keras_simplernn": ["b1", "b5"], "keras_gru_v1": ["b1", "b5"], "keras_bilstm_seq": ["b1", "b5"],
+    "keras_conv_lstm_back": ["b1", "b5"],
+    "torch_rnn_relu_h0": ["t5_b3", "t2_b1"], "torch_script_while": ["small", "done"],
 }
 
 
