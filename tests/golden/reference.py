@@ -24,6 +24,7 @@ Usage: reference.py OUT   writes, for each model M and optimizer O,
   OUT/manifest.json              cases, hyper-parameters, initializer names
 """
 import json
+import math
 import os
 import sys
 
@@ -130,7 +131,187 @@ def cnn_loss_grad(w, x, y):
     return loss, g
 
 
-MODELS = {"mlp": (mlp_setup, mlp_loss_grad), "cnn": (cnn_setup, cnn_loss_grad)}
+# ---- ResNet basic block (BatchNorm in training mode) and post-LN transformer encoder block ----
+# Both are checked with Adam only, ADAM_STEPS steps, plus every parameter's gradient at step 0.
+# No conv bias before BatchNorm and no key bias in attention: those gradients are exactly zero in exact
+# arithmetic (BN removes a per-channel constant; q.bk is constant along the softmax axis), so a relative error
+# on them would compare rounding noise, and Adam would turn that noise into full-size steps.
+ADAM_STEPS = 3
+BN_EPS = 1e-3      # as the zoo's mdl_b_batchnorm
+LN_EPS = 1e-5      # as the zoo's mdl_b_layernorm
+HEADS = 2
+
+
+def resnet_setup():
+    rng = np.random.default_rng(20240603)
+    c = 4
+    w = {
+        "conv1_W": glorot(rng, (c, c, 3, 3), c * 9, c * 9),
+        "bn1_gamma": (1.0 + 0.1 * rng.standard_normal(c)).astype(np.float32),
+        "bn1_beta": (0.1 * rng.standard_normal(c)).astype(np.float32),
+        "conv2_W": glorot(rng, (c, c, 3, 3), c * 9, c * 9),
+        "bn2_gamma": (1.0 + 0.1 * rng.standard_normal(c)).astype(np.float32),
+        "bn2_beta": (0.1 * rng.standard_normal(c)).astype(np.float32),
+        "fc_W": glorot(rng, (c, 3), c, 3),
+        "fc_b": (0.01 * rng.standard_normal(3)).astype(np.float32),
+    }
+    x = rng.standard_normal((4, c, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 3, size=4).astype(np.int64)
+    return w, x, y
+
+
+def conv3x3_same(x, wt):
+    """Conv 3x3, pad 1, stride 1, no bias: output and the patches (for the backward)."""
+    cols = im2col(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), 3)    # [N,H,W,C,3,3]
+    return np.einsum("nhwcij,fcij->nfhw", cols, wt), cols
+
+
+def conv3x3_same_back(dy, cols, wt):
+    dw = np.einsum("nfhw,nhwcij->fcij", dy, cols)
+    dcols = np.einsum("nfhw,fcij->nhwcij", dy, wt)
+    n, hh, ww = dcols.shape[0], dcols.shape[1], dcols.shape[2]
+    dxp = np.zeros((n, wt.shape[1], hh + 2, ww + 2), dtype=dy.dtype)
+    for i in range(3):
+        for j in range(3):
+            dxp[:, :, i:i + hh, j:j + ww] += dcols[:, :, :, :, i, j].transpose(0, 3, 1, 2)
+    return dxp[:, :, 1:-1, 1:-1], dw
+
+
+def bn_train(x, g, b):
+    """BatchNormalization with batch statistics (biased variance), per channel over (N, H, W)."""
+    mu = x.mean((0, 2, 3), keepdims=True)
+    var = ((x - mu) ** 2).mean((0, 2, 3), keepdims=True)
+    inv = 1.0 / np.sqrt(var + BN_EPS)
+    xh = (x - mu) * inv
+    return xh * g[None, :, None, None] + b[None, :, None, None], (xh, inv)
+
+
+def bn_train_back(dy, cache, g):
+    xh, inv = cache
+    dxh = dy * g[None, :, None, None]
+    dx = inv * (dxh - dxh.mean((0, 2, 3), keepdims=True) - xh * (dxh * xh).mean((0, 2, 3), keepdims=True))
+    return dx, (dy * xh).sum((0, 2, 3)), dy.sum((0, 2, 3))
+
+
+def resnet_loss_grad(w, x, y):
+    c1, cols1 = conv3x3_same(x, w["conv1_W"])
+    b1, bc1 = bn_train(c1, w["bn1_gamma"], w["bn1_beta"])
+    r1 = np.maximum(b1, 0.0)
+    c2, cols2 = conv3x3_same(r1, w["conv2_W"])
+    b2, bc2 = bn_train(c2, w["bn2_gamma"], w["bn2_beta"])
+    s = b2 + x
+    r2 = np.maximum(s, 0.0)
+    p = r2.mean((2, 3))                                               # GlobalAveragePool + Flatten: [N,C]
+    z = p @ w["fc_W"] + w["fc_b"]
+    loss, dz = sce_from_logits(z, y)
+    g = {"fc_W": p.T @ dz, "fc_b": dz.sum(0)}
+    dp = dz @ w["fc_W"].T
+    ds = np.broadcast_to(dp[:, :, None, None] / (r2.shape[2] * r2.shape[3]), r2.shape) * (s > 0)
+    dc2, g["bn2_gamma"], g["bn2_beta"] = bn_train_back(ds, bc2, w["bn2_gamma"])
+    dr1, g["conv2_W"] = conv3x3_same_back(dc2, cols2, w["conv2_W"])
+    db1 = dr1 * (b1 > 0)
+    dc1, g["bn1_gamma"], g["bn1_beta"] = bn_train_back(db1, bc1, w["bn1_gamma"])
+    _, g["conv1_W"] = conv3x3_same_back(dc1, cols1, w["conv1_W"])
+    return loss, g
+
+
+def transformer_setup():
+    rng = np.random.default_rng(20240604)
+    d, f = 8, 16
+    w = {}
+    for k in ("q", "k", "v", "o"):
+        w["W" + k] = glorot(rng, (d, d), d, d)
+        if k != "k":
+            w["b" + k] = (0.1 * rng.standard_normal(d)).astype(np.float32)
+    w["ln1_gamma"] = (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    w["ln1_beta"] = (0.1 * rng.standard_normal(d)).astype(np.float32)
+    w["ff1_W"] = glorot(rng, (d, f), d, f)
+    w["ff1_b"] = (0.1 * rng.standard_normal(f)).astype(np.float32)
+    w["ff2_W"] = glorot(rng, (f, d), f, d)
+    w["ff2_b"] = (0.1 * rng.standard_normal(d)).astype(np.float32)
+    w["ln2_gamma"] = (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    w["ln2_beta"] = (0.1 * rng.standard_normal(d)).astype(np.float32)
+    w["head_W"] = glorot(rng, (d, 3), d, 3)
+    w["head_b"] = (0.01 * rng.standard_normal(3)).astype(np.float32)
+    x = rng.standard_normal((2, 5, d)).astype(np.float32)
+    y = rng.integers(0, 3, size=2).astype(np.int64)
+    return w, x, y
+
+
+def ln(x, g, b):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    inv = 1.0 / np.sqrt(var + LN_EPS)
+    xh = (x - mu) * inv
+    return xh * g + b, (xh, inv)
+
+
+def ln_back(dy, cache, g):
+    xh, inv = cache
+    dxh = dy * g
+    dx = inv * (dxh - dxh.mean(-1, keepdims=True) - xh * (dxh * xh).mean(-1, keepdims=True))
+    return dx, (dy * xh).sum((0, 1)), dy.sum((0, 1))
+
+
+_erf = np.vectorize(math.erf)
+
+
+def transformer_loss_grad(w, x, y):
+    n, t, d = x.shape
+    dh = d // HEADS
+    scale = 1.0 / math.sqrt(dh)
+    q = (x @ w["Wq"] + w["bq"]).reshape(n, t, HEADS, dh).transpose(0, 2, 1, 3)     # [N,H,T,dh]
+    kt = (x @ w["Wk"]).reshape(n, t, HEADS, dh).transpose(0, 2, 3, 1)             # [N,H,dh,T]
+    v = (x @ w["Wv"] + w["bv"]).reshape(n, t, HEADS, dh).transpose(0, 2, 1, 3)     # [N,H,T,dh]
+    s = (q @ kt) * scale
+    e = np.exp(s - s.max(-1, keepdims=True))
+    a = e / e.sum(-1, keepdims=True)
+    o = (a @ v).transpose(0, 2, 1, 3).reshape(n, t, d)
+    h1 = x + o @ w["Wo"] + w["bo"]
+    l1, lc1 = ln(h1, w["ln1_gamma"], w["ln1_beta"])
+    u = l1 @ w["ff1_W"] + w["ff1_b"]
+    erfu = _erf(u / math.sqrt(2.0)).astype(u.dtype)
+    gu = 0.5 * u * (1.0 + erfu)
+    h2 = l1 + gu @ w["ff2_W"] + w["ff2_b"]
+    l2, lc2 = ln(h2, w["ln2_gamma"], w["ln2_beta"])
+    p = l2.mean(1)                                                                 # ReduceMean over T: [N,D]
+    z = p @ w["head_W"] + w["head_b"]
+    loss, dz = sce_from_logits(z, y)
+    g = {"head_W": p.T @ dz, "head_b": dz.sum(0)}
+    dl2 = np.broadcast_to((dz @ w["head_W"].T)[:, None, :] / t, l2.shape)
+    dh2, g["ln2_gamma"], g["ln2_beta"] = ln_back(dl2, lc2, w["ln2_gamma"])
+    g["ff2_W"] = np.einsum("ntf,ntd->fd", gu, dh2)
+    g["ff2_b"] = dh2.sum((0, 1))
+    dgu = dh2 @ w["ff2_W"].T
+    du = dgu * (0.5 * (1.0 + erfu) + u * np.exp(-0.5 * u * u) / math.sqrt(2.0 * math.pi))
+    g["ff1_W"] = np.einsum("ntd,ntf->df", l1, du)
+    g["ff1_b"] = du.sum((0, 1))
+    dl1 = dh2 + du @ w["ff1_W"].T
+    dh1, g["ln1_gamma"], g["ln1_beta"] = ln_back(dl1, lc1, w["ln1_gamma"])
+    g["Wo"] = np.einsum("ntd,nte->de", o, dh1)
+    g["bo"] = dh1.sum((0, 1))
+    do = (dh1 @ w["Wo"].T).reshape(n, t, HEADS, dh).transpose(0, 2, 1, 3)          # [N,H,T,dh]
+    da = do @ v.transpose(0, 1, 3, 2)
+    dv = a.transpose(0, 1, 3, 2) @ do
+    ds = a * (da - (da * a).sum(-1, keepdims=True)) * scale
+    dq = ds @ kt.transpose(0, 1, 3, 2)                                             # [N,H,T,dh]
+    dkt = q.transpose(0, 1, 3, 2) @ ds                                             # [N,H,dh,T]
+    dq = dq.transpose(0, 2, 1, 3).reshape(n, t, d)
+    dk = dkt.transpose(0, 3, 1, 2).reshape(n, t, d)
+    dv = dv.transpose(0, 2, 1, 3).reshape(n, t, d)
+    g["Wq"] = np.einsum("ntd,nte->de", x, dq)
+    g["bq"] = dq.sum((0, 1))
+    g["Wk"] = np.einsum("ntd,nte->de", x, dk)
+    g["Wv"] = np.einsum("ntd,nte->de", x, dv)
+    g["bv"] = dv.sum((0, 1))
+    return loss, g
+
+
+MODELS = {"mlp": (mlp_setup, mlp_loss_grad), "cnn": (cnn_setup, cnn_loss_grad),
+          "resnet": (resnet_setup, resnet_loss_grad), "transformer": (transformer_setup, transformer_loss_grad)}
+# optimizers and steps per model
+RUNS = {"mlp": (("sgd", "adam"), STEPS), "cnn": (("sgd", "adam"), STEPS),
+        "resnet": (("adam",), ADAM_STEPS), "transformer": (("adam",), ADAM_STEPS)}
 
 
 # ---- optimizers (float64) ----
@@ -181,7 +362,7 @@ def onnx_model(model, w):
             helper.make_node("Add", ["mm2", "b2"], ["logits"], name="dense2/bias"),
             helper.make_node("Softmax", ["logits"], ["probabilities"], name="softmax", axis=-1),
         ]
-    else:
+    elif model == "cnn":
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 10, 10])
         nodes = [
             helper.make_node("Conv", ["x", "conv_W", "conv_b"], ["c1"], name="conv", kernel_shape=[3, 3],
@@ -193,7 +374,72 @@ def onnx_model(model, w):
             helper.make_node("Add", ["mm", "dense_b"], ["logits"], name="dense/bias"),
             helper.make_node("Softmax", ["logits"], ["probabilities"], name="softmax", axis=-1),
         ]
-    out = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 10])
+    elif model == "resnet":
+        # BatchNormalization in inference form (5 inputs, one output), as the zoo writes it:
+        # eng_graph_set_training turns it into training_mode=1 with running-stat outputs.
+        c = w["conv1_W"].shape[0]
+        inits += [numpy_helper.from_array(np.zeros(c, np.float32), name=f"bn{i}_mean") for i in (1, 2)]
+        inits += [numpy_helper.from_array(np.ones(c, np.float32), name=f"bn{i}_var") for i in (1, 2)]
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c, 6, 6])
+        conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
+        nodes = [
+            helper.make_node("Conv", ["x", "conv1_W"], ["c1"], name="conv1", **conv),
+            helper.make_node("BatchNormalization", ["c1", "bn1_gamma", "bn1_beta", "bn1_mean", "bn1_var"], ["b1"],
+                             name="bn1", epsilon=BN_EPS, momentum=0.99),
+            helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+            helper.make_node("Conv", ["r1", "conv2_W"], ["c2"], name="conv2", **conv),
+            helper.make_node("BatchNormalization", ["c2", "bn2_gamma", "bn2_beta", "bn2_mean", "bn2_var"], ["b2"],
+                             name="bn2", epsilon=BN_EPS, momentum=0.99),
+            helper.make_node("Add", ["b2", "x"], ["s"], name="residual"),
+            helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+            helper.make_node("GlobalAveragePool", ["r2"], ["gap"], name="gap"),
+            helper.make_node("Flatten", ["gap"], ["f"], name="flatten", axis=1),
+            helper.make_node("Gemm", ["f", "fc_W", "fc_b"], ["logits"], name="fc"),
+            helper.make_node("Softmax", ["logits"], ["probabilities"], name="softmax", axis=-1),
+        ]
+    else:  # transformer: post-LN encoder block, as models/transformer.c
+        d = w["Wq"].shape[0]
+        dh = d // HEADS
+        inits += [numpy_helper.from_array(np.array([0, 0, HEADS, dh], np.int64), name="shape_heads"),
+                  numpy_helper.from_array(np.array([0, 0, d], np.int64), name="shape_merge"),
+                  numpy_helper.from_array(np.array(1.0 / math.sqrt(dh), np.float32), name="attn_scale"),
+                  numpy_helper.from_array(np.array(math.sqrt(2.0), np.float32), name="sqrt2"),
+                  numpy_helper.from_array(np.array(1.0, np.float32), name="one"),
+                  numpy_helper.from_array(np.array(0.5, np.float32), name="half")]
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, d])
+        mk = helper.make_node
+        nodes = [
+            mk("MatMul", ["x", "Wq"], ["q0"], name="q/matmul"), mk("Add", ["q0", "bq"], ["q1"], name="q/bias"),
+            mk("Reshape", ["q1", "shape_heads"], ["q2"], name="q/reshape"),
+            mk("Transpose", ["q2"], ["q"], name="q/transpose", perm=[0, 2, 1, 3]),
+            mk("MatMul", ["x", "Wk"], ["k1"], name="k/matmul"),
+            mk("Reshape", ["k1", "shape_heads"], ["k2"], name="k/reshape"),
+            mk("Transpose", ["k2"], ["kt"], name="k/transpose", perm=[0, 2, 3, 1]),
+            mk("MatMul", ["x", "Wv"], ["v0"], name="v/matmul"), mk("Add", ["v0", "bv"], ["v1"], name="v/bias"),
+            mk("Reshape", ["v1", "shape_heads"], ["v2"], name="v/reshape"),
+            mk("Transpose", ["v2"], ["v"], name="v/transpose", perm=[0, 2, 1, 3]),
+            mk("MatMul", ["q", "kt"], ["s0"], name="scores/matmul"),
+            mk("Mul", ["s0", "attn_scale"], ["s"], name="scores/scale"),
+            mk("Softmax", ["s"], ["a"], name="attn/softmax", axis=-1),
+            mk("MatMul", ["a", "v"], ["o0"], name="context/matmul"),
+            mk("Transpose", ["o0"], ["o1"], name="context/transpose", perm=[0, 2, 1, 3]),
+            mk("Reshape", ["o1", "shape_merge"], ["o2"], name="context/reshape"),
+            mk("MatMul", ["o2", "Wo"], ["o3"], name="o/matmul"), mk("Add", ["o3", "bo"], ["o"], name="o/bias"),
+            mk("Add", ["x", "o"], ["h1"], name="attn/residual"),
+            mk("LayerNormalization", ["h1", "ln1_gamma", "ln1_beta"], ["l1"], name="ln1", axis=-1, epsilon=LN_EPS),
+            mk("MatMul", ["l1", "ff1_W"], ["u0"], name="ff1/matmul"), mk("Add", ["u0", "ff1_b"], ["u"], name="ff1/bias"),
+            mk("Div", ["u", "sqrt2"], ["g0"], name="gelu/div"), mk("Erf", ["g0"], ["g1"], name="gelu/erf"),
+            mk("Add", ["g1", "one"], ["g2"], name="gelu/add"), mk("Mul", ["u", "g2"], ["g3"], name="gelu/mul"),
+            mk("Mul", ["g3", "half"], ["gu"], name="gelu/mul_1"),
+            mk("MatMul", ["gu", "ff2_W"], ["f0"], name="ff2/matmul"), mk("Add", ["f0", "ff2_b"], ["f"], name="ff2/bias"),
+            mk("Add", ["l1", "f"], ["h2"], name="ffn/residual"),
+            mk("LayerNormalization", ["h2", "ln2_gamma", "ln2_beta"], ["l2"], name="ln2", axis=-1, epsilon=LN_EPS),
+            mk("ReduceMean", ["l2"], ["p"], name="pool", axes=[1], keepdims=0),
+            mk("Gemm", ["p", "head_W", "head_b"], ["logits"], name="head"),
+            mk("Softmax", ["logits"], ["probabilities"], name="softmax", axis=-1),
+        ]
+    classes = w[{"mlp": "b2", "cnn": "dense_b", "resnet": "fc_b", "transformer": "head_b"}[model]].shape[0]
+    out = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", classes])
     g = helper.make_graph(nodes, f"golden_{model}", [x], [out], initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], producer_name="tensord-golden")
     m.ir_version = 8
@@ -212,16 +458,21 @@ def write_all(out):
         np.savez(os.path.join(out, model, "data.npz"), x=x, label=y)
         np.save(os.path.join(out, model, "x.npy"), x)
         np.save(os.path.join(out, model, "label.npy"), y)
+        opts, steps = RUNS[model]
         manifest["models"][model] = {"params": list(w32.keys()), "batch": int(x.shape[0]),
-                                     "x_shape": list(x.shape)}
-        for opt in OPTIMS:
-            losses, w = train(model, opt)
+                                     "x_shape": list(x.shape), "optimizers": list(opts), "steps": steps}
+        _, g0 = MODELS[model][1]({k: v.astype(np.float64) for k, v in w32.items()}, x.astype(np.float64), y)
+        os.makedirs(os.path.join(out, model, "grad0"), exist_ok=True)
+        for k, v in g0.items():
+            np.save(os.path.join(out, model, "grad0", f"{k}.npy"), np.ascontiguousarray(v, dtype=np.float64))
+        for opt in opts:
+            losses, w = train(model, opt, steps)
             d = os.path.join(out, f"{model}_{opt}")
             os.makedirs(d, exist_ok=True)
             np.save(os.path.join(d, "losses.npy"), losses)
             for k, v in w.items():
                 np.save(os.path.join(d, f"{k}.npy"), v)
-            _, w_f32 = train(model, opt, dtype=np.float32)
+            _, w_f32 = train(model, opt, steps, dtype=np.float32)
             for k, v in w_f32.items():
                 np.save(os.path.join(d, f"{k}_f32.npy"), v.astype(np.float32))
     with open(os.path.join(out, "manifest.json"), "w") as f:
