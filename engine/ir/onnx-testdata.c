@@ -77,9 +77,13 @@ void eng_testdata_names_free(char **v, int n) {
 
 eng_status eng_testdata_set_load(const char *case_dir, const char *set, const eng_graph *g, eng_testdata_set *d) {
     memset(d, 0, sizeof *d);
+    const eng_value *fed[ENG_TESTDATA_MAX_INPUTS]; /* the graph input each file feeds */
     for (int i = 0; i < g->ninputs; i++) {
         if (g->values[g->inputs[i]].init) continue;
-        if (d->nfeed < ENG_TESTDATA_MAX_INPUTS) d->names[d->nfeed] = g->values[g->inputs[i]].name;
+        if (d->nfeed < ENG_TESTDATA_MAX_INPUTS) {
+            fed[d->nfeed] = &g->values[g->inputs[i]];
+            d->names[d->nfeed] = fed[d->nfeed]->name;
+        }
         d->nfeed++; /* counted past the cap, so that a larger graph is refused below */
     }
     char path[4096];
@@ -87,11 +91,9 @@ eng_status eng_testdata_set_load(const char *case_dir, const char *set, const en
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s/input_%d.pb", case_dir, set, k);
         if (stat(path, &sb) != 0) break;
-        const eng_value *gv = NULL; /* the graph input this file feeds: a sequence is a SequenceProto */
-        for (int i = 0, fi = 0; i < g->ninputs && !gv; i++)
-            if (!g->values[g->inputs[i]].init && fi++ == k) gv = &g->values[g->inputs[i]];
-        eng_status st = gv && gv->dtype == ENG_DTYPE_SEQUENCE ? eng_onnx_seq_load_file(path, &d->owned[k])
-                                                               : eng_onnx_tensor_load_file(path, &d->owned[k], NULL);
+        /* an input the graph declares a sequence is a SequenceProto */
+        eng_status st = k < d->nfeed && fed[k]->dtype == ENG_DTYPE_SEQUENCE ? eng_onnx_seq_load_file(path, &d->owned[k])
+                                                                           : eng_onnx_tensor_load_file(path, &d->owned[k], NULL);
         if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s/input_%d.pb: ", set, k);
         d->nin = k + 1;
         d->feed[k] = *d->owned[k];

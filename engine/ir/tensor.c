@@ -305,3 +305,11 @@ void *eng_alloc(size_t nbytes) {
 }
 
 void eng_free(void *p) { free(p); }
+
+eng_status eng_tensor_alloc_data(eng_tensor *t, const char *what) {
+    size_t nb;
+    ENG_TRY(eng_tensor_nbytes_checked(t, what, &nb));
+    if (!(t->data = eng_alloc(nb ? nb : 1)))
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", what, nb);
+    return ENG_STATUS_OK;
+}

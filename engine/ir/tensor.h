@@ -85,5 +85,7 @@ eng_status eng_convert(const void *src, eng_dtype sdt, void *dst, eng_dtype ddt,
 /* 64-byte aligned allocation (NULL on failure or if nbytes exceeds ENG_MAX_TENSOR_BYTES); free with eng_free. */
 void *eng_alloc(size_t nbytes);
 void eng_free(void *p);
+/* Give t (dtype and shape set, data NULL) eng_alloc'd memory of its size (at least 1 byte); errors name `what`. */
+eng_status eng_tensor_alloc_data(eng_tensor *t, const char *what);
 
 #endif

@@ -84,10 +84,7 @@ static eng_status seq_position(const krn_call *c, int i, int64_t n, int insert, 
 static eng_status seq_alloc(eng_tensor *o, const eng_tensor *like) {
     *o = *like;
     o->data = NULL;
-    size_t nb;
-    ENG_TRY(eng_tensor_nbytes_checked(o, "output", &nb));
-    if (!(o->data = eng_alloc(nb ? nb : 1))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes", nb);
-    return ENG_STATUS_OK;
+    return eng_tensor_alloc_data(o, "output");
 }
 
 static eng_status seq_concat(const seq_params *p, const eng_seq *s, eng_tensor *o) {

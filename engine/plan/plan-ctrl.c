@@ -227,12 +227,6 @@ static eng_status ctrl_sub_plan(ctrl_sub *s, const eng_tensor *fin, int nthreads
     return ENG_STATUS_OK;
 }
 
-static int ctrl_plan_dynamic(const eng_plan *pl) {
-    eng_plan_stats st;
-    eng_plan_get_stats(pl, &st);
-    return st.dynamic;
-}
-
 /* fin[nformal..) = the fed outer values, from the node's inputs. */
 static void ctrl_fill_outer(const ctrl_sub *s, const eng_tensor *in, eng_tensor *fin) {
     for (int k = 0; k < s->nouter; k++) fin[s->nformal + k] = in[s->outer_in[k]];
@@ -245,19 +239,13 @@ static int ctrl_same(const eng_tensor *a, const eng_tensor *b) { return a->dtype
 static eng_status ctrl_infer_plan(eng_op_ctx *c, ctrl_sub *s, eng_tensor *fin, eng_plan **pl) {
     ctrl_fill_outer(s, c->in, fin);
     ENG_TRY(ctrl_sub_plan(s, fin, c->nthreads, 0, pl));
-    return ctrl_plan_dynamic(*pl) ? ENG_STATUS_NEEDS_DATA : ENG_STATUS_OK;
+    return eng_plan_dynamic(*pl) ? ENG_STATUS_NEEDS_DATA : ENG_STATUS_OK;
 }
 
 /* ---- values handed between iterations ---- */
 
 /* Give *o (dtype/shape set) memory of its size when it has none. */
-static eng_status ctrl_alloc(eng_tensor *o) {
-    if (o->data) return ENG_STATUS_OK;
-    size_t nb;
-    ENG_TRY(eng_tensor_nbytes_checked(o, "output", &nb));
-    if (!(o->data = eng_alloc(nb ? nb : 1))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes", nb);
-    return ENG_STATUS_OK;
-}
+static eng_status ctrl_alloc(eng_tensor *o) { return o->data ? ENG_STATUS_OK : eng_tensor_alloc_data(o, "output"); }
 
 /* Copy value src into node output *o: preallocated (a static plan: shapes must agree) or allocated here (a sequence
  * gets a copy of its block). */
@@ -410,7 +398,7 @@ static eng_status if_exec(krn_call *c, ctrl_params *p) {
     ctrl_fill_outer(s, c->in, fin);
     eng_plan *pl;
     ENG_TRY(ctrl_sub_plan(s, fin, c->nthreads, 0, &pl));
-    if (!ctrl_plan_dynamic(pl)) { /* written straight into the node's outputs */
+    if (!eng_plan_dynamic(pl)) { /* written straight into the node's outputs */
         for (int i = 0; i < c->nout; i++) {
             const eng_tensor *d = eng_plan_output_desc(pl, i, NULL);
             if (!c->out[i].data) {
@@ -575,7 +563,7 @@ static eng_status loop_exec(krn_call *c, ctrl_params *p) {
         eng_plan *pl = NULL;
         if (!any) {
             st = ctrl_sub_plan(s, fin, c->nthreads, 0, &pl);
-            if (st == ENG_STATUS_OK && ctrl_plan_dynamic(pl) && i > 0) pl = NULL, any = 1;
+            if (st == ENG_STATUS_OK && eng_plan_dynamic(pl) && i > 0) pl = NULL, any = 1;
             else if (st == ENG_STATUS_OK && i > 0) { /* a carried shape changed: run the body shape-free from here on */
                 for (int j = 0; j < ncar && !any; j++)
                     any = !p->pass[j] && !eng_shape_equal(eng_plan_output_desc(pl, 1 + j, NULL), &cur[j]);
@@ -585,7 +573,7 @@ static eng_status loop_exec(krn_call *c, ctrl_params *p) {
         if (st == ENG_STATUS_OK && any) st = ctrl_sub_plan(s, fin, c->nthreads, 1, &pl);
         if (st != ENG_STATUS_OK) break;
         ctrl_slot *nxt = slots[i & 1];
-        if (!ctrl_plan_dynamic(pl)) {
+        if (!eng_plan_dynamic(pl)) {
             /* static body: it writes the next carried set into the other buffer, scan slices into their slot */
             o[0] = *eng_plan_output_desc(pl, 0, NULL);
             o[0].data = &cond_out;
@@ -595,8 +583,8 @@ static eng_status loop_exec(krn_call *c, ctrl_params *p) {
             }
             for (int j = 0; j < ncar && st == ENG_STATUS_OK; j++) {
                 o[1 + j] = *eng_plan_output_desc(pl, 1 + j, NULL);
-                if (p->pass[j]) { /* "written" where it already is: nothing moves */
-                    o[1 + j].data = p->bound[j] ? eng_plan_output_desc(pl, 1 + j, NULL)->data : cur[j].data;
+                if (p->pass[j]) { /* "written" where it already is (a bound one's constant is cur's bytes): nothing moves */
+                    o[1 + j].data = cur[j].data;
                     continue;
                 }
                 st = ctrl_slot_fit(&nxt[j], eng_tensor_nbytes(&o[1 + j]));
@@ -654,7 +642,7 @@ static eng_status loop_exec(krn_call *c, ctrl_params *p) {
         eng_plan *pl = NULL;
         const eng_tensor *planned = NULL;
         for (int e = 0; e < CTRL_CACHE && !planned; e++)
-            if ((pl = s->cache[e].plan) && !ctrl_plan_dynamic(pl)) planned = eng_plan_output_desc(pl, 1 + ncar + k, NULL);
+            if ((pl = s->cache[e].plan) && !eng_plan_dynamic(pl)) planned = eng_plan_output_desc(pl, 1 + ncar + k, NULL);
         st = ctrl_stack_put(&stacks[k], so, k, planned);
     }
     for (int k = 0; k < nscan; k++) eng_free(stacks[k].buf);
@@ -741,7 +729,7 @@ static eng_status scan_axis(int axis, int rank, const char *what, int j, int *ou
     return ENG_STATUS_OK;
 }
 
-static eng_status scan_run(ctrl_params *p, const scan_io *io, const eng_tensor *in, int nthreads, eng_tensor *sl_out) {
+static eng_status scan_run(ctrl_params *p, const scan_io *io, const eng_tensor *in, int nthreads) {
     ctrl_sub *s = &p->sub[0];
     int ns = p->nstate, nx = p->nscan_in, ny = p->nscan_out;
     eng_tensor fin[ENG_OP_MAX_IO], o[ENG_OP_MAX_IO], cur[ENG_OP_MAX_IO];
@@ -773,7 +761,7 @@ static eng_status scan_run(ctrl_params *p, const scan_io *io, const eng_tensor *
         }
         eng_plan *pl;
         if ((st = ctrl_sub_plan(s, fin, nthreads, 0, &pl)) != ENG_STATUS_OK) break;
-        int dyn = ctrl_plan_dynamic(pl);
+        int dyn = eng_plan_dynamic(pl);
         ctrl_slot *nxt = slots[t & 1];
         for (int j = 0; j < ns && st == ENG_STATUS_OK && !dyn; j++) {
             o[j] = *eng_plan_output_desc(pl, j, NULL);
@@ -786,7 +774,6 @@ static eng_status scan_run(ctrl_params *p, const scan_io *io, const eng_tensor *
             eng_tensor *y = &io->ys[k];
             if (!y->data) { /* the first step gives the slice shape: allocate the whole output */
                 *y = (eng_tensor){.dtype = d->dtype, .ndim = d->ndim + 1};
-                sl_out[k] = *d;
                 if ((st = scan_axis(p->scan8 ? 0 : p->out_axis[k], d->ndim + 1, "scan output", k, &axout[k])) != ENG_STATUS_OK)
                     break;
                 for (int a = 0, m = 0; a < y->ndim; a++) y->dims[a] = a == axout[k] ? io->T : d->dims[m++];
@@ -884,7 +871,6 @@ static eng_status scan_infer(eng_op_ctx *c, ctrl_params *p) {
 
 static eng_status scan_exec(krn_call *c, ctrl_params *p) {
     int ns = p->nstate, nx = p->nscan_in, ny = p->nscan_out;
-    eng_tensor sl_out[ENG_OP_MAX_IO];
     if (!p->scan8) {
         int64_t T = -1;
         for (int j = 0; j < nx; j++) {
@@ -897,7 +883,7 @@ static eng_status scan_exec(krn_call *c, ctrl_params *p) {
             T = x->dims[ax];
         }
         scan_io io = {.st0 = c->in, .xs = c->in + ns, .sout = c->out, .ys = c->out + ns, .T = T};
-        ENG_TRY(scan_run(p, &io, c->in, c->nthreads, sl_out));
+        ENG_TRY(scan_run(p, &io, c->in, c->nthreads));
         for (int k = 0; k < ny; k++)
             if (!c->out[ns + k].data)
                 return eng_err(ENG_STATUS_UNSUPPORTED, "scan output %d: zero steps and its shape is unknown", k);
@@ -938,7 +924,7 @@ static eng_status scan_exec(krn_call *c, ctrl_params *p) {
             ys[k].dims[0] = Tb;
         }
         scan_io io = {.st0 = st0, .xs = xs, .sout = sout, .ys = ys, .T = Tb};
-        ENG_TRY(scan_run(p, &io, c->in, c->nthreads, sl_out));
+        ENG_TRY(scan_run(p, &io, c->in, c->nthreads));
     }
     return ENG_STATUS_OK;
 }
@@ -972,7 +958,7 @@ static eng_status map_exec(krn_call *c, ctrl_params *p) {
         }
         eng_plan *pl;
         if ((st = ctrl_sub_plan(s, fin, c->nthreads, 0, &pl)) != ENG_STATUS_OK) break;
-        if (!ctrl_plan_dynamic(pl))
+        if (!eng_plan_dynamic(pl))
             for (int k = 0; k < c->nout && st == ENG_STATUS_OK; k++) {
                 o[k] = *eng_plan_output_desc(pl, k, NULL);
                 o[k].data = NULL;
@@ -981,7 +967,7 @@ static eng_status map_exec(krn_call *c, ctrl_params *p) {
             }
         if (st == ENG_STATUS_OK && (st = eng_plan_run(pl, fin, o)) != ENG_STATUS_OK)
             eng_err_prefix(st, "subgraph 'body', element %lld: ", (long long)i);
-        for (int k = 0; k < c->nout && st == ENG_STATUS_OK && ctrl_plan_dynamic(pl); k++) {
+        for (int k = 0; k < c->nout && st == ENG_STATUS_OK && eng_plan_dynamic(pl); k++) {
             items[k][i].data = NULL;
             st = ctrl_put(&o[k], &items[k][i], k);
         }
@@ -990,7 +976,7 @@ static eng_status map_exec(krn_call *c, ctrl_params *p) {
         eng_dtype dt = n ? items[k][0].dtype : ENG_DTYPE_F32;
         const eng_tensor *d = NULL;
         for (int e = 0; e < CTRL_CACHE && !n && !d; e++)
-            if (s->cache[e].plan && !ctrl_plan_dynamic(s->cache[e].plan)) d = eng_plan_output_desc(s->cache[e].plan, k, NULL);
+            if (s->cache[e].plan && !eng_plan_dynamic(s->cache[e].plan)) d = eng_plan_output_desc(s->cache[e].plan, k, NULL);
         if (d) dt = d->dtype;
         st = eng_seq_make(dt, items[k], n, &c->out[k]);
     }

@@ -326,8 +326,9 @@ static eng_status plan_ext_outputs(eng_plan *p) {
         return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
     for (int i = 0; i < g->noutputs; i++) {
         int r = p->root[g->outputs[i]];
-        p->ext_root[i] = p->kind[r] == VAL_ARENA && plan_value_size(p, r) >= eng_tensor_nbytes(&p->vals[g->outputs[i]])
-                             && plan_value_bytes(g, r, &p->vals[r]) == eng_tensor_nbytes(&p->vals[r]) ? r : -1;
+        /* a padded blocked layout is not the caller's dense bytes: that output is copied */
+        p->ext_root[i] = p->kind[r] == VAL_ARENA && plan_value_bytes(g, r, &p->vals[r]) == eng_tensor_nbytes(&p->vals[r])
+                             ? r : -1;
         for (int j = 0; j < i; j++)
             if (p->root[g->outputs[j]] == r) p->ext_root[i] = p->ext_root[j] = -1;
     }
@@ -767,6 +768,8 @@ const eng_tensor *eng_plan_output_desc(const eng_plan *p, int i, int *konst) {
     if (konst) *konst = p->kind[v] == VAL_CONST;
     return &p->vals[v];
 }
+
+int eng_plan_dynamic(const eng_plan *p) { return p->dynamic; }
 
 void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
     memset(st, 0, sizeof *st);

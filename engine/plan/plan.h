@@ -126,6 +126,8 @@ void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st);
 /* Graph output i as planned: dtype and shape (static plans; a dynamic plan's may be unknown), and *konst (may be
  * NULL) set to 1 when its value was computed at plan time (then ->data holds it). */
 const eng_tensor *eng_plan_output_desc(const eng_plan *p, int i, int *konst);
+/* 1 if p's shapes are inferred per run (eng_plan_stats.dynamic, without computing the rest of the stats). */
+int eng_plan_dynamic(const eng_plan *p);
 
 void eng_plan_free(eng_plan **p);
 
