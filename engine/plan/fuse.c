@@ -638,6 +638,39 @@ static int fz_is_noop(const eng_graph *g, const eng_node *n) {
     return 1;
 }
 
+/* A 2-D Transpose of a float32 initializer becomes the transposed initializer: how torch.onnx writes a Linear when
+ * it does not fold constants (training-mode exports, frozen layers in a training graph), so the MatMul after it
+ * sees a constant weight (packed once, bias fused). Not part of fz_hoist_constants: eng_graph_fuse_act_ops runs that
+ * on a training graph before its trained weights become graph inputs. */
+static eng_status fz_fold_transpose(fz_ctx *z, int i) {
+    eng_graph *g = z->g;
+    const eng_node *n = &g->nodes[i];
+    const eng_tensor *w = n->nin == 1 ? fz_const_f32(g, n->inputs[0]) : NULL;
+    const int64_t *perm = NULL;
+    int np = eng_node_attr_ints(n, "perm", &perm);
+    int v = fz_one_output(n) ? n->outputs[0] : -1;
+    if (!w || w->ndim != 2 || (np >= 0 && (np != 2 || perm[0] != 1 || perm[1] != 0)) || v < 0 || g->values[v].init ||
+        !fz_only_node_uses(z, v))
+        return ENG_STATUS_OK;
+    int64_t r = w->dims[0], c = w->dims[1];
+    eng_tensor *t = calloc(1, sizeof *t);
+    if (!t || !(t->data = eng_alloc((size_t)(r * c > 0 ? r * c : 1) * sizeof(float)))) {
+        free(t);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "folding Transpose '%s'", n->name);
+    }
+    t->dtype = ENG_DTYPE_F32;
+    t->ndim = 2;
+    t->dims[0] = c, t->dims[1] = r;
+    const float *src = w->data;
+    float *dst = t->data;
+    for (int64_t a = 0; a < r; a++)
+        for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * c + b];
+    eng_value_set_init(g, v, t);
+    g->values[v].producer = -1;
+    z->dead[i] = 1;
+    return ENG_STATUS_OK;
+}
+
 /* Constant nodes (the tensor form, as exporters write scalars) become initializers, and no-op nodes (Identity,
  * which is how torch.onnx shares a deduplicated weight; inference Dropout; all-zero Pad) are bypassed, so the
  * rules here see constants as constants and activations run straight from producer to consumer. Graph outputs
@@ -777,6 +810,8 @@ eng_status eng_graph_fuse_for(eng_graph *g, int cpu_layouts) {
     fz_ctx z = {g, calloc((size_t)g->nnodes, 1), 0};
     if (!z.dead) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "graph fusion");
     eng_status st = fz_hoist_constants(&z);
+    for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++)
+        if (!z.dead[i] && fz_is_op(&g->nodes[i], "Transpose")) st = fz_fold_transpose(&z, i);
     for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
         if (z.dead[i]) continue;
         const eng_node *n = &g->nodes[i];

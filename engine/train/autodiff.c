@@ -545,13 +545,70 @@ static eng_status ad_train_bn(eng_graph *g, int ni) {
     return ENG_STATUS_OK;
 }
 
-eng_status eng_graph_set_training(eng_graph *g) {
+int eng_param_frozen(const char *name, const char *const *freeze_prefixes, int nfreeze) {
+    for (int f = 0; f < nfreeze; f++)
+        if (freeze_prefixes[f] && !strncmp(name, freeze_prefixes[f], strlen(freeze_prefixes[f]))) return 1;
+    return 0;
+}
+
+static int ad_value_read(const eng_graph *g, int v) {
+    for (int i = 0; i < g->noutputs; i++)
+        if (g->outputs[i] == v) return 1;
+    for (int j = 0; j < g->nnodes; j++)
+        for (int i = 0; i < g->nodes[j].nin; i++)
+            if (g->nodes[j].inputs[i] == v) return 1;
+    return 0;
+}
+
+/* BatchNormalization ni in inference form: running statistics used and kept. A node exported in training mode
+ * (training_mode=1, the updated statistics as outputs 1 and 2) loses those outputs, which nothing may read. */
+static eng_status ad_bn_inference(eng_graph *g, int ni, const char *why) {
+    eng_node *n = &g->nodes[ni];
+    for (int k = 1; k < n->nout; k++)
+        if (n->outputs[k] >= 0 && ad_value_read(g, n->outputs[k]))
+            return eng_err(ENG_STATUS_UNSUPPORTED, "BatchNormalization '%s' %s, but its output '%s' (a running "
+                           "statistic) is read by the model", n->name, why, g->values[n->outputs[k]].name);
+    for (int k = 1; k < n->nout; k++)
+        if (n->outputs[k] >= 0) g->values[n->outputs[k]].producer = -1;
+    n->nout = 1;
+    ad_drop_attr(n, "training_mode");
+    ad_drop_attr(n, "is_test");
+    return ENG_STATUS_OK;
+}
+
+/* A BatchNormalization whose scale and bias are both frozen initializers (Keras' trainable=False). */
+static int ad_bn_frozen(const eng_graph *g, const eng_node *n, const char *const *freeze, int nfreeze) {
+    if (nfreeze == 0 || n->nin < 5) return 0;
+    for (int k = 1; k <= 2; k++) {
+        int v = n->inputs[k];
+        if (v < 0 || !g->values[v].init || !eng_param_frozen(g->values[v].name, freeze, nfreeze)) return 0;
+    }
+    return 1;
+}
+
+eng_status eng_graph_set_inference(eng_graph *g) {
+    for (int ni = 0; ni < g->nnodes; ni++) {
+        eng_node *n = &g->nodes[ni];
+        if (n->domain[0]) continue;
+        if (!strcmp(n->op_type, "BatchNormalization") && (n->nout > 1 || eng_node_attr_int(n, "training_mode", 0)))
+            ENG_TRY(ad_bn_inference(g, ni, "was exported in training mode"));
+        else if (!strcmp(n->op_type, "Dropout") && n->nin > 2) /* opset 12+: the training_mode input */
+            n->nin = 2;
+    }
+    return ENG_STATUS_OK;
+}
+
+eng_status eng_graph_set_training(eng_graph *g, const char *const *freeze_prefixes, int nfreeze) {
     int nn = g->nnodes;
     for (int ni = 0; ni < nn; ni++) {
         const eng_node *n = &g->nodes[ni];
         if (n->domain[0]) continue;
-        if (!strcmp(n->op_type, "Dropout")) ENG_TRY(ad_train_dropout(g, ni));
-        else if (!strcmp(n->op_type, "BatchNormalization")) ENG_TRY(ad_train_bn(g, ni));
+        if (!strcmp(n->op_type, "Dropout")) {
+            ENG_TRY(ad_train_dropout(g, ni));
+        } else if (!strcmp(n->op_type, "BatchNormalization")) {
+            if (ad_bn_frozen(g, n, freeze_prefixes, nfreeze)) ENG_TRY(ad_bn_inference(g, ni, "is frozen (--freeze)"));
+            else ENG_TRY(ad_train_bn(g, ni));
+        }
     }
     return ENG_STATUS_OK;
 }
@@ -583,10 +640,7 @@ eng_status eng_trainable_params(const eng_graph *g, const char *const *freeze_pr
     for (int v = 0; v < g->nvalues; v++) {
         const eng_value *val = &g->values[v];
         if (!val->init || !eng_dtype_is_float(val->init->dtype) || use[v] != 1 || val->init->ndim == 0) continue;
-        int frozen = 0;
-        for (int f = 0; f < nfreeze && !frozen; f++)
-            frozen = freeze_prefixes[f] && !strncmp(val->name, freeze_prefixes[f], strlen(freeze_prefixes[f]));
-        if (!frozen) out[k++] = val->name;
+        if (!eng_param_frozen(val->name, freeze_prefixes, nfreeze)) out[k++] = val->name;
     }
     free(use);
     *names = out;

@@ -34,8 +34,18 @@ eng_status eng_autodiff(eng_graph *g, const eng_grad_spec *spec);
  * mask per run), BatchNormalization computes batch statistics and exposes its updated running mean/var as
  * graph outputs named "bn_update/<running_mean initializer>" and "bn_update/<running_var initializer>"
  * (momentum as the node's attribute; Keras/ONNX convention: running = momentum*running + (1-momentum)*batch).
- * Must run before eng_autodiff. */
-eng_status eng_graph_set_training(eng_graph *g);
+ * A BatchNormalization whose scale and bias are both frozen (their names start with a freeze prefix) runs in
+ * inference mode instead, its statistics kept (Keras' trainable=False). Must run before eng_autodiff. */
+eng_status eng_graph_set_training(eng_graph *g, const char *const *freeze_prefixes, int nfreeze);
+
+/* Switch a model exported in training mode (torch.onnx's TrainingMode.TRAINING) to inference behaviour in place:
+ * BatchNormalization with training_mode=1 uses its running statistics and loses the outputs that returned them
+ * (an error, naming the node, if anything reads them); Dropout loses its training_mode input. What the trainer
+ * evaluates and writes as the new version. */
+eng_status eng_graph_set_inference(eng_graph *g);
+
+/* 1 if the parameter name starts with one of the freeze prefixes. */
+int eng_param_frozen(const char *name, const char *const *freeze_prefixes, int nfreeze);
 
 /* Names of float initializers that are trainable: all float initializers except BatchNormalization running
  * statistics, shape-like constants (non-float) and those whose name starts with any of the freeze prefixes.

@@ -104,7 +104,7 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
         hw = hw / local > 0 ? hw / local : 1;
     }
     eng_session_opts so = {.nthreads = c->o->nthreads > 0 ? c->o->nthreads : (hw / c->R > 0 ? hw / c->R : 1),
-                           .no_fuse = 1, .precision = c->o->precision};
+                           .no_fuse = 0, .precision = c->o->precision};
     if (c->o->precision != ENG_PRECISION_FP32) {
         ENG_TRY(trn_output_layer_nodes(gt, c->pred, &c->fp32_train));
         so.fp32_nodes = (const char *const *)c->fp32_train.names;

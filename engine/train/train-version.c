@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -99,6 +100,7 @@ char *trn_metrics_json(const trn_ctx *c) {
     cJSON_AddStringToObject(s, "monitor", o->monitor ? o->monitor : "val_loss");
     cJSON_AddBoolToObject(s, "keep_best", o->keep_best);
     cJSON_AddNumberToObject(s, "max_steps", (double)o->max_steps);
+    cJSON_AddBoolToObject(s, "shuffle", !o->no_shuffle);
     cJSON_AddNumberToObject(s, "replace_head", (double)o->replace_head);
     cJSON_AddNumberToObject(s, "trainable_params", c->ntrain);
     cJSON *pre = cJSON_Parse(c->preprocessing);
@@ -106,6 +108,8 @@ char *trn_metrics_json(const trn_ctx *c) {
     cJSON_AddNumberToObject(root, "base_version", (double)c->base_version);
     cJSON_AddNumberToObject(root, "steps_run", (double)c->st.global_step);
     if (c->st.best_epoch > 0) cJSON_AddNumberToObject(root, "best_epoch", (double)c->st.best_epoch);
+    struct rusage ru; /* the process's peak resident memory so far: weights, optimizer state, plans, data */
+    if (getrusage(RUSAGE_SELF, &ru) == 0) cJSON_AddNumberToObject(root, "peak_rss_mib", (double)ru.ru_maxrss / 1024.0);
     char *txt = cJSON_Print(root);
     cJSON_Delete(root);
     return txt;

@@ -187,6 +187,10 @@ static eng_status build(trn_ctx *c) {
     ENG_TRY(eng_bundle_path(path, sizeof path, c->base, c->base_version, ENG_BUNDLE_MODEL_FILE));
     ENG_TRY(eng_onnx_load_file(path, &c->g0));
     eng_graph *g0 = c->g0;
+    /* the graph that is evaluated and written as the new version runs BatchNormalization on its running statistics
+     * even when the model was exported in training mode; the training graph below switches it back */
+    eng_status is = eng_graph_set_inference(g0);
+    if (is != ENG_STATUS_OK) return eng_err_prefix(is, "model '%s': ", path);
     if (g0->noutputs < 1) return eng_err(ENG_STATUS_INVALID_MODEL, "model '%s' has no outputs", path);
     if (o->replace_head > 0) {
         eng_status hs = trn_replace_head(g0, o->replace_head, o->seed);
@@ -205,7 +209,7 @@ static eng_status build(trn_ctx *c) {
     /* training graph */
     eng_graph *gt = eng_graph_clone(g0);
     if (!gt) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
-    eng_status st = eng_graph_set_training(gt);
+    eng_status st = eng_graph_set_training(gt, o->freeze, o->nfreeze);
     if (st == ENG_STATUS_OK) st = eng_loss_append(gt, o->loss, c->pred, o->from_logits, &c->loss_name);
     const char **tn = NULL;
     int ntn = 0;
@@ -350,7 +354,7 @@ static eng_status build(trn_ctx *c) {
     if (st == ENG_STATUS_OK) st = trn_dev_alloc(c); /* device-resident replicas: their weights and optimizers */
     free(sizes);
     ENG_TRY(st);
-    eng_loader_opts lo = {.batch_size = o->batch_size, .shuffle = 1, .seed = o->seed, .drop_remainder = 0, .prefetch = 2};
+    eng_loader_opts lo = {.batch_size = o->batch_size, .shuffle = !o->no_shuffle, .seed = o->seed, .drop_remainder = 0, .prefetch = 2};
     ENG_TRY(eng_loader_new(c->train, &lo, &c->loader));
     c->steps_per_epoch = eng_loader_steps_per_epoch(c->loader);
 

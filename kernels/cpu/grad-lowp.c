@@ -408,8 +408,8 @@ static eng_status cg_build(krn_call *c, cg_state *s, dnnl_data_type_t dt) {
     return ENG_STATUS_OK;
 }
 
-/* float32: whether oneDNN should run it (else im2col + sgemm, grad-nn.c): plain float32 operands, and a weight
- * gradient wider than grad-nn.c's register-tiled first-layer case. */
+/* float32: whether oneDNN should run it (else im2col + sgemm, grad-nn.c): plain float32 operands, and a grouped
+ * convolution or a weight gradient wider than grad-nn.c's register-tiled first-layer case. */
 static int cg_f32_wanted(const krn_call *c) {
     if (getenv("TENSORD_CONVGRAD_IM2COL") || !cg_shapes_ok(c)) return 0;
     for (int i = 0; i < 3; i++)
@@ -417,7 +417,7 @@ static int cg_f32_wanted(const krn_call *c) {
     const krn_conv_params *p = &((const krn_conv_grad_params *)c->params)->conv;
     int64_t G = p->group > 0 ? p->group : 1, ck = c->in[1].dims[1] / G;
     for (int d = 2; d < c->in[2].ndim; d++) ck *= c->in[2].dims[d];
-    return ck > KRN_CONV_DW_SMALL_MAX_CK;
+    return G > 1 || ck > KRN_CONV_DW_SMALL_MAX_CK; /* grouped / depthwise: oneDNN's dw kernels, never per group */
 }
 
 static eng_status cg_init(krn_call *c) {

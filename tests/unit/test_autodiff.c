@@ -253,8 +253,8 @@ Test(autodiff, set_training_and_trainable_params) {
     free(names);
     cr_assert_eq(eng_trainable_params(g, NULL, 0, &names, &n), ENG_STATUS_OK);
     cr_assert_eq(n, 3);
-    cr_assert_eq(eng_graph_set_training(g), ENG_STATUS_OK, "%s", eng_last_error());
-    cr_assert_eq(eng_graph_set_training(g), ENG_STATUS_OK, "idempotent: %s", eng_last_error());
+    cr_assert_eq(eng_graph_set_training(g, NULL, 0), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert_eq(eng_graph_set_training(g, NULL, 0), ENG_STATUS_OK, "idempotent: %s", eng_last_error());
     cr_assert_geq(eng_graph_find_value(g, "bn_update/bn.mean"), 0);
     cr_assert_geq(eng_graph_find_value(g, "bn_update/bn.var"), 0);
     cr_assert_eq(g->noutputs, 3);

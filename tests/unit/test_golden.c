@@ -97,7 +97,7 @@ static void golden(const char *model, const char *opt, int steps, int nparams, d
     snprintf(refdir, sizeof refdir, "%s_%s", model, opt);
     eng_graph *g = NULL;
     cr_assert_eq(eng_onnx_load_file(path, &g), ENG_STATUS_OK, "%s", eng_last_error());
-    cr_assert_eq(eng_graph_set_training(g), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert_eq(eng_graph_set_training(g, NULL, 0), ENG_STATUS_OK, "%s", eng_last_error());
     const char *pred = g->values[g->outputs[0]].name;
     const char *lname = NULL;
     cr_assert_eq(eng_loss_append(g, ENG_LOSS_SPARSE_CCE, pred, -1, &lname), ENG_STATUS_OK, "%s", eng_last_error());

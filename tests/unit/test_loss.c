@@ -495,7 +495,7 @@ Test(loss, constants_are_not_parameters) {
 /* Build matmul model + loss + backward; return a session (W fed as an input). */
 static eng_session *grad_session(eng_loss_kind kind, const char *act, const float *w) {
     eng_graph *g = matmul_graph(act, w);
-    cr_assert_eq(eng_graph_set_training(g), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert_eq(eng_graph_set_training(g, NULL, 0), ENG_STATUS_OK, "%s", eng_last_error());
     const char *lname = NULL;
     cr_assert_eq(eng_loss_append(g, kind, "pred", -1, &lname), ENG_STATUS_OK, "%s", eng_last_error());
     const char *params[1] = {"W"};
