@@ -31,6 +31,7 @@ typedef enum krn_act_grad_kind {
     KRN_ACT_GRAD_SIGMOID,     /* (dy, y): dy * y * (1 - y) */
     KRN_ACT_GRAD_TANH,        /* (dy, y): dy * (1 - y^2) */
     KRN_ACT_GRAD_CLIP,        /* (dy, x [, min, max]): dy * (min <= x <= max) */
+    KRN_ACT_GRAD_SILU,        /* (dy, x): dy * s (1 + x (1 - s)), s = sigmoid(x) */
 } krn_act_grad_kind;
 
 typedef struct krn_act_grad_params {

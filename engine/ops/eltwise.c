@@ -63,6 +63,7 @@ static const struct { const char *name; int act; int classes; } ew_unary_ops[] =
     {"HardSwish", KRN_ACT_HARD_SWISH, EW_T_FLOAT}, {"Softplus", KRN_ACT_SOFTPLUS, EW_T_FLOAT},
     {"Softsign", KRN_ACT_SOFTSIGN, EW_T_FLOAT}, {"ThresholdedRelu", KRN_ACT_THRESHOLDED_RELU, EW_T_FLOAT},
     {"Shrink", KRN_ACT_SHRINK, EW_T_FLOAT}, {"Mish", KRN_ACT_MISH, EW_T_FLOAT},
+    {"Silu", KRN_ACT_SILU, EW_T_FLOAT}, /* com.tensord: x * sigmoid(x) (training graphs, eng_graph_fuse_act_ops) */
 };
 
 typedef struct ew_unary_op {
@@ -355,6 +356,7 @@ const eng_op_def eng_ops_eltwise[] = {
     EW_UNARY("IsNaN"), EW_UNARY("IsInf"), EW_UNARY("Not"), EW_UNARY("Relu"), EW_UNARY("LeakyRelu"), EW_UNARY("Elu"),
     EW_UNARY("Selu"), EW_UNARY("Celu"), EW_UNARY("Gelu"), EW_UNARY("HardSigmoid"), EW_UNARY("HardSwish"),
     EW_UNARY("Softplus"), EW_UNARY("Softsign"), EW_UNARY("ThresholdedRelu"), EW_UNARY("Shrink"), EW_UNARY("Mish"),
+    {"Silu", "com.tensord", "eltwise_unary", 0, unary_prepare, unary_infer, NULL},
     EW_BINARY("Add"), EW_BINARY("Sub"), EW_BINARY("Mul"), EW_BINARY("Div"), EW_BINARY("Pow"), EW_BINARY("Mod"),
     EW_BINARY("BitShift"), EW_BINARY("Equal"), EW_BINARY("Greater"), EW_BINARY("Less"), EW_BINARY("GreaterOrEqual"),
     EW_BINARY("LessOrEqual"), EW_BINARY("And"), EW_BINARY("Or"), EW_BINARY("Xor"), EW_BINARY("PRelu"),

@@ -116,7 +116,8 @@ static eng_status act_prepare(eng_op_ctx *c) {
     ENG_TRY(eng_op_check_arity(c, 2, 4));
     krn_act_grad_params *p = grad_params(c, sizeof *p);
     if (!p) return ENG_STATUS_OUT_OF_MEMORY;
-    static const char *names[] = {"ReluGrad", "LeakyReluGrad", "GeluGrad", "ErfGrad", "SigmoidGrad", "TanhGrad", "ClipGrad"};
+    static const char *names[] = {"ReluGrad", "LeakyReluGrad", "GeluGrad", "ErfGrad", "SigmoidGrad", "TanhGrad", "ClipGrad",
+                                  "SiluGrad"};
     p->kind = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (!strcmp(c->node->op_type, names[i])) p->kind = i;
@@ -391,6 +392,7 @@ const eng_op_def eng_ops_grad[] = {
     GRAD_OP("ReluGrad", "grad_act", 0, act),
     GRAD_OP("LeakyReluGrad", "grad_act", 0, act),
     GRAD_OP("GeluGrad", "grad_act", 0, act),
+    GRAD_OP("SiluGrad", "grad_act", 0, act),
     GRAD_OP("ErfGrad", "grad_act", 0, act),
     GRAD_OP("SigmoidGrad", "grad_act", 0, act),
     GRAD_OP("TanhGrad", "grad_act", 0, act),

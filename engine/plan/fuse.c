@@ -209,8 +209,12 @@ static void fz_move_node(fz_ctx *z, int from, int to) {
 
 /* Activation node -> krn params; returns 1 when `n` is a supported activation with constant attributes. */
 static int fz_activation(const eng_graph *g, const eng_node *n, krn_nn_act_params *a) {
-    if (n->domain[0] || !fz_one_output(n) || n->nin < 1) return 0;
     a->alpha = a->beta = 0.f;
+    if (!strcmp(n->domain, "com.tensord") && !strcmp(n->op_type, "Silu") && fz_one_output(n) && n->nin == 1) {
+        a->kind = KRN_NN_ACT_SWISH, a->alpha = 1.f; /* a training graph's SiLU (fz_chain_to_act_op) */
+        return 1;
+    }
+    if (n->domain[0] || !fz_one_output(n) || n->nin < 1) return 0;
     if (!strcmp(n->op_type, "Relu")) a->kind = KRN_NN_ACT_RELU;
     else if (!strcmp(n->op_type, "LeakyRelu")) a->kind = KRN_NN_ACT_RELU, a->alpha = eng_node_attr_float(n, "alpha", 0.01f);
     else if (!strcmp(n->op_type, "Sigmoid")) a->kind = KRN_NN_ACT_SIGMOID;
@@ -762,16 +766,18 @@ static eng_status fz_conv_dw(fz_ctx *z) {
 }
 
 /* Training graphs (eng_graph_fuse_act_ops): Gelu's erf or tanh form written as a chain of elementwise ops becomes
- * one Gelu node, so autodiff differentiates one node (one GeluGrad pass) instead of every Div/Erf/Add/Mul and the
- * unbroadcasts between them. The Gelu node takes the chain's last node's slot and name. */
+ * one Gelu node, and x * sigmoid(x) one com.tensord Silu node, so autodiff differentiates one node (one GeluGrad /
+ * SiluGrad pass) instead of every Div/Erf/Sigmoid/Mul and the unbroadcasts and sums between them. The new node takes
+ * the chain's last node's slot and name. */
 static eng_status fz_chain_to_act_op(fz_ctx *z, int x) {
     eng_graph *g = z->g;
     krn_nn_act_params act;
     int pat[16], np = 0;
     int fin = fz_match_act_chain(z, x, &act, pat, &np, 16);
-    if (fin < 0 || (act.kind != KRN_NN_ACT_GELU_ERF && act.kind != KRN_NN_ACT_GELU_TANH)) return ENG_STATUS_OK;
+    int silu = act.kind == KRN_NN_ACT_SWISH && act.alpha == 1.0f;
+    if (fin < 0 || (act.kind != KRN_NN_ACT_GELU_ERF && act.kind != KRN_NN_ACT_GELU_TANH && !silu)) return ENG_STATUS_OK;
     eng_node *n = &g->nodes[fin];
-    ENG_TRY(fz_set_op(n, "Gelu", ""));
+    ENG_TRY(silu ? fz_set_op(n, "Silu", "com.tensord") : fz_set_op(n, "Gelu", ""));
     for (int a = 0; a < n->nattr; a++) eng_attr_clear(&n->attrs[a]);
     n->nattr = 0;
     n->inputs[0] = x;
@@ -793,8 +799,9 @@ eng_status eng_graph_fuse_act_ops(eng_graph *g) {
     eng_status st = fz_hoist_constants(&z);
     for (int i = 0; i < g->ninputs && st == ENG_STATUS_OK; i++)
         if (!g->values[g->inputs[i]].init) st = fz_chain_to_act_op(&z, g->inputs[i]);
-    for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++)
-        if (!z.dead[i] && fz_one_output(&g->nodes[i])) st = fz_chain_to_act_op(&z, g->nodes[i].outputs[0]);
+    for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) /* every output: a training BatchNormalization has 3 */
+        for (int k = 0; !z.dead[i] && k < g->nodes[i].nout && st == ENG_STATUS_OK; k++)
+            if (g->nodes[i].outputs[k] >= 0) st = fz_chain_to_act_op(&z, g->nodes[i].outputs[k]);
     eng_status cst = fz_compact(&z);
     free(z.dead);
     return st != ENG_STATUS_OK ? st : cst;

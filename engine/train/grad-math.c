@@ -127,6 +127,7 @@ static eng_status g_relu(eng_grad_ctx *c) {
 static eng_status g_leaky(eng_grad_ctx *c) { return act(c, "LeakyReluGrad", IN(0)); }
 static eng_status g_gelu(eng_grad_ctx *c) { return act(c, "GeluGrad", IN(0)); }
 static eng_status g_erf(eng_grad_ctx *c) { return act(c, "ErfGrad", IN(0)); }
+static eng_status g_silu(eng_grad_ctx *c) { return act(c, "SiluGrad", IN(0)); }
 static eng_status g_sigmoid(eng_grad_ctx *c) { return act(c, "SigmoidGrad", OUT(0)); }
 static eng_status g_tanh(eng_grad_ctx *c) { return act(c, "TanhGrad", OUT(0)); }
 
@@ -188,6 +189,7 @@ const eng_grad_rule eng_grad_rules_math[] = {
     {"Relu", g_relu, 1},
     {"LeakyRelu", g_leaky, 1},
     {"Gelu", g_gelu, 1},
+    {"Silu", g_silu, 1, "com.tensord"},
     {"Erf", g_erf, 1},
     {"Sigmoid", g_sigmoid, 1},
     {"Tanh", g_tanh, 1},

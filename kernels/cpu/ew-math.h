@@ -120,6 +120,18 @@ static inline float ew_gelu_tanh(float x) {
 /* BatchNorm statistics and gradients (norm-batch.c, grad-nn.c) over one row of a channel, in 16 float lanes
  * folded into double: sum v, sum (v - m)^2 (x rows), or with g given
  * sum g and sum g (v - m) (dy rows). Vectorised; the lanes keep float rounding to one row's length. */
+/* Sum of n floats: 64 float lanes (vectorised), folded into double. */
+static inline double ew_sum_f32(const float *v, int64_t n) {
+    float acc[64] = {0};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int j = 0; j < 64; j++) acc[j] += v[i + j];
+    double s = 0;
+    for (; i < n; i++) s += v[i];
+    for (int j = 0; j < 64; j++) s += acc[j];
+    return s;
+}
+
 static inline void ew_row_moments(const float *v, const float *g, int64_t n, float m, double *s1, double *s2) {
     float a1[16] = {0}, a2[16] = {0};
     int64_t i = 0;

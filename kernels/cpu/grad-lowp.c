@@ -21,6 +21,7 @@
 
 eng_status krn_cpu_grad_matmul_exec(krn_call *c);
 eng_status krn_cpu_grad_conv_exec(krn_call *c);
+int krn_cpu_dw_conv_grad_weights(const krn_call *c, const krn_conv_params *p, float *dw, float *db);
 
 enum { GM_DY = 0, GM_A = 1, GM_B = 2 };
 
@@ -246,6 +247,7 @@ typedef struct cg_state {
     dnnl_memory_t sbd, sbw; /* scratchpads */
     dnnl_memory_t m[7];     /* bd: diff_dst, weights, diff_src; bw: src, diff_dst, diff_weights, diff_bias */
     cg_io io[7];            /* reorders into / out of those, where the plan's layout or dtype differs */
+    int own_dw;             /* depthwise dW / dB by krn_cpu_dw_conv_grad_weights instead of a gemm primitive */
     char desc[192];
 } cg_state;
 
@@ -379,10 +381,28 @@ static eng_status cg_build(krn_call *c, cg_state *s, dnnl_data_type_t dt) {
         ENG_TRY(cg_mem(s, CG_BD_DX, &dxp, dnnl_primitive_desc_query_md(s->bd, dnnl_query_diff_src_md, 0), 0));
         impl = krn_dnnl_impl_name(s->bd);
     }
-    if (want_dw || want_db) {
+    /* depthwise 2-D float32: dW / dB by our kernel (krn_cpu_dw_conv_grad_weights); oneDNN 2.6 has a fast one only
+     * for 3x3 (and only in nChw16c, which costs two more reorders), else a per-group gemm 15-50x slower */
+    s->own_dw = (want_dw || want_db) && dt == dnnl_f32 && x->dtype == ENG_DTYPE_F32 && dy->dtype == ENG_DTYPE_F32 &&
+                nsp == 2 && G > 1 && G == x->dims[1] && G == w->dims[0] && p->dilations[0] == 1 &&
+                p->dilations[1] == 1 && w->dims[2] * w->dims[3] <= 64;
+    if (!s->own_dw && (want_dw || want_db)) {
+        /* grouped 2-D: ask for the channel-blocked layout first; with `any` and the forward's NHWC hint oneDNN 2.6
+         * settles for its per-group gemm */
+        if (G > 1 && nsp == 2 && x->dims[1] % 16 == 0 && w->dims[0] % 16 == 0) {
+            dnnl_memory_desc_t xb = xa, dyb = dya;
+            KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&xb, xa.ndims, xa.dims, xa.data_type, dnnl_aBcd16b));
+            KRN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&dyb, dya.ndims, dya.dims, dya.data_type, dnnl_aBcd16b));
+            KRN_DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, &xb, &dwa,
+                                                                               want_db ? &bmd : NULL, &dyb, st, dl, pl, pr));
+            if (cg_pd(&s->bw, &bwd, s->fwd) != ENG_STATUS_OK || strstr(krn_dnnl_impl_name(s->bw), "gemm")) {
+                if (s->bw) dnnl_primitive_desc_destroy(s->bw);
+                s->bw = NULL;
+            }
+        }
         KRN_DNNL_CHECK(dnnl_dilated_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct, &xa, &dwa,
                                                                            want_db ? &bmd : NULL, &dya, st, dl, pl, pr));
-        ENG_TRY(cg_pd(&s->bw, &bwd, s->fwd));
+        if (!s->bw) ENG_TRY(cg_pd(&s->bw, &bwd, s->fwd));
         KRN_DNNL_CHECK(dnnl_primitive_create(&s->pbw, s->bw));
         ENG_TRY(cg_scratch(s->bw, &s->sbw));
         ENG_TRY(cg_mem(s, CG_BW_X, &xp, dnnl_primitive_desc_query_md(s->bw, dnnl_query_src_md, 0), 1));
@@ -402,9 +422,11 @@ static eng_status cg_build(krn_call *c, cg_state *s, dnnl_data_type_t dt) {
         }
         if (!want_dx) impl = krn_dnnl_impl_name(s->bw);
     }
+    if (s->own_dw && !want_dx) impl = "depthwise dW";
     int nre = 0;
     for (int i = 0; i < 7; i++) nre += s->io[i].r.prim != NULL;
-    snprintf(s->desc, sizeof s->desc, "%s (%s dx, dw) +%d reorders", impl, dt == dnnl_bf16 ? "bf16" : "f32", nre);
+    snprintf(s->desc, sizeof s->desc, "%s (%s dx, dw%s) +%d reorders", impl, dt == dnnl_bf16 ? "bf16" : "f32",
+             s->own_dw ? " depthwise own" : "", nre);
     return ENG_STATUS_OK;
 }
 
@@ -458,6 +480,12 @@ static eng_status cg_exec(krn_call *c) {
                                 {DNNL_ARG_DIFF_SRC, s->m[CG_BD_DX]}, {DNNL_ARG_SCRATCHPAD, s->sbd}};
         KRN_DNNL_CHECK(dnnl_primitive_execute(s->pbd, stream, s->sbd ? 4 : 3, a));
         if (s->io[CG_BD_DX].r.prim) ENG_TRY(krn_dnnl_reorder_run(&s->io[CG_BD_DX].r, stream, s->io[CG_BD_DX].buf, c->out[0].data));
+    }
+    if (s->own_dw) {
+        const krn_conv_params *p = &((const krn_conv_grad_params *)c->params)->conv;
+        float *dw = c->nout > 1 ? c->out[1].data : NULL, *db = c->nout > 2 ? c->out[2].data : NULL;
+        if ((dw || db) && !krn_cpu_dw_conv_grad_weights(c, p, dw, db))
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "depthwise ConvGrad: packing buffers");
     }
     if (s->pbw) {
         void *dw = c->nout > 1 && c->out[1].data ? c->out[1].data : s->io[CG_BW_DW].buf;

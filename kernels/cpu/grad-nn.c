@@ -79,18 +79,6 @@ static void im2col(const geo3 *g, int64_t ch, const float *x, float *col, int ba
                 }
 }
 
-/* Sum of n floats: 64 float lanes (vectorised), folded into double. */
-static double sum_f32(const float *v, int64_t n) {
-    float acc[64] = {0};
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64)
-        for (int j = 0; j < 64; j++) acc[j] += v[i + j];
-    double s = 0;
-    for (; i < n; i++) s += v[i];
-    for (int j = 0; j < 64; j++) s += acc[j];
-    return s;
-}
-
 #ifdef __AVX512F__
 /* dW (Mg, CK) += dy (Mg, O) @ col^T (CK, O) and db (Mg) += row sums of dy, for small CK (first layers: C*K of
  * a few dozen) where sgemm's per-call packing costs more than the arithmetic. 2 dy rows x 9 col rows per tile,
@@ -179,7 +167,7 @@ eng_status krn_cpu_grad_conv_exec(krn_call *c) {
         float *mydw = dwt + (size_t)tid * (size_t)wsz;
         float *mydb = db ? dbt + (size_t)tid * (size_t)M : NULL;
         if (db && !small)
-            for (int64_t m = 0; m < M; m++) mydb[m] += (float)sum_f32(dy + (b * M + m) * O, O);
+            for (int64_t m = 0; m < M; m++) mydb[m] += (float)ew_sum_f32(dy + (b * M + m) * O, O);
         if (!dx && !dw) continue;
         for (int64_t gi = 0; gi < G; gi++) {
             const float *xb = x + (b * C + gi * Cg) * isz, *dyb = dy + (b * M + gi * Mg) * O;
@@ -289,10 +277,40 @@ static void maxpool_grad_row_2x2(const float *x0, const float *x1, float *d0, fl
 }
 #endif
 
+/* One plane of a 2-D max pool's gradient with any kernel, stride and padding (overlapping windows: ResNet's 3x3
+ * stride 2 pad 1): each window's first maximum in row-major order, as the forward kernel picks it, gets dy. */
+static void maxpool_grad_plane_2d(const geo3 *g, const float *xp, const float *gp, float *dp, int relu) {
+    int64_t H = g->in[1], W = g->in[2], OH = g->out[1], OW = g->out[2];
+    memset(dp, 0, (size_t)(H * W) * sizeof(float));
+    for (int64_t o1 = 0; o1 < OH; o1++) {
+        int64_t h0 = o1 * g->s[1] - g->pb[1], hs = h0 > 0 ? h0 : 0, he = h0 + g->k[1] < H ? h0 + g->k[1] : H;
+        for (int64_t o2 = 0; o2 < OW; o2++) {
+            int64_t w0 = o2 * g->s[2] - g->pb[2], ws = w0 > 0 ? w0 : 0, we = w0 + g->k[2] < W ? w0 + g->k[2] : W;
+            int64_t bi = -1;
+            float best = 0;
+            for (int64_t h = hs; h < he; h++)
+                for (int64_t w = ws; w < we; w++)
+                    if (bi < 0 || xp[h * W + w] > best) best = xp[h * W + w], bi = h * W + w;
+            if (bi >= 0 && (!relu || best > 0)) dp[bi] += gp[o1 * OW + o2];
+        }
+    }
+}
+
 static int maxpool_grad_fast(const krn_call *c, const geo3 *g, int64_t planes, const float *dy, const float *x,
                              float *dx, int relu) {
-    for (int i = 0; i < 3; i++)
-        if (g->d[i] != 1 || g->pb[i] || g->pe[i] || g->s[i] < g->k[i] || g->k[i] < 1) return 0;
+    int plane2d = g->in[0] == 1 && g->k[0] == 1 && g->k[1] >= 1 && g->k[2] >= 1;
+    int tiled = 1; /* non-overlapping unpadded windows: the write-once paths below */
+    for (int i = 0; i < 3; i++) {
+        plane2d = plane2d && g->d[i] == 1;
+        tiled = tiled && g->d[i] == 1 && !g->pb[i] && !g->pe[i] && g->s[i] >= g->k[i] && g->k[i] >= 1;
+    }
+    if (!tiled) {
+        if (!plane2d) return 0;
+        int64_t isz = g->in[1] * g->in[2], osz = g->out[1] * g->out[2];
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * isz > 32768)
+        for (int64_t pl = 0; pl < planes; pl++) maxpool_grad_plane_2d(g, x + pl * isz, dy + pl * osz, dx + pl * isz, relu);
+        return 1;
+    }
     if (g->in[0] != 1 || g->out[1] < 1 || g->out[2] < 1) return 0;
     for (int i = 1; i < 3; i++)
         if ((g->out[i] - 1) * g->s[i] + g->k[i] > g->in[i]) return 0;
@@ -338,6 +356,14 @@ eng_status krn_cpu_grad_pool_exec(krn_call *c) {
     int mx = p->kind == KRN_POOL_MAX, cip = p->count_include_pad;
     int relu = mx && ((const krn_pool_grad_params *)c->params)->relu;
     if (mx && maxpool_grad_fast(c, &g, planes, dy, x, dx, relu)) return ENG_STATUS_OK;
+    if (p->global && !mx) { /* GlobalAveragePool: every cell of a plane gets its dy / cells */
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * isz > 32768)
+        for (int64_t pl = 0; pl < planes; pl++) {
+            float v = isz ? dy[pl] / (float)isz : 0.0f, *dp = dx + pl * isz;
+            for (int64_t i = 0; i < isz; i++) dp[i] = v;
+        }
+        return ENG_STATUS_OK;
+    }
     memset(dx, 0, (size_t)(planes * isz) * sizeof(float));
 #pragma omp parallel for num_threads(c->nthreads) schedule(static) if (planes * osz > 4096)
     for (int64_t pl = 0; pl < planes; pl++) {
@@ -381,6 +407,84 @@ eng_status krn_cpu_grad_pool_exec(krn_call *c) {
                 }
     }
     return ENG_STATUS_OK;
+}
+
+/* ---- depthwise ConvGrad's weight gradient ---- */
+
+/* dW (C, 1, KH, KW) and dB (C) of a 2-D depthwise convolution (group = C = M, dilation 1) on plain NCHW float32 x
+ * and dy, 16 channels at a time: each image's 16 planes of x (zero-padded) and of dy are interleaved into
+ * [position][16] buffers, so every kernel tap is one 16-lane multiply-add per output position whatever the plane's
+ * width; per-image float sums are folded into double. Channel blocks over threads. oneDNN 2.6 has a fast kernel only
+ * for 3x3 here and falls back to a per-group gemm 15-50x slower for 5x5 (EfficientNet, MnasNet). dw or db may be
+ * NULL (not wanted). Returns 0 if the shape is not one it takes (or out of memory). */
+int krn_cpu_dw_conv_grad_weights(const krn_call *c, const krn_conv_params *p, float *dw, float *db) {
+    const eng_tensor *dyt = &c->in[0], *xt = &c->in[1], *wt = &c->in[2];
+    if (xt->ndim != 4 || p->group != xt->dims[1] || wt->dims[0] != p->group || wt->dims[1] != 1) return 0;
+    if (p->dilations[0] != 1 || p->dilations[1] != 1 || wt->dims[2] * wt->dims[3] > 64) return 0;
+    int64_t N = xt->dims[0], C = xt->dims[1], H = xt->dims[2], W = xt->dims[3], OH = dyt->dims[2], OW = dyt->dims[3];
+    int64_t KH = wt->dims[2], KW = wt->dims[3], sh = p->strides[0], sw = p->strides[1], ph = p->pads[0], pw = p->pads[1];
+    int64_t Hp = (OH - 1) * sh + KH, Wp = (OW - 1) * sw + KW; /* the padded rows / columns the taps read */
+    int64_t nblk = (C + 15) / 16, K = KH * KW;
+    const float *x = xt->data, *dy = dyt->data;
+    int ok = 1;
+#pragma omp parallel num_threads(c->nthreads)
+    {
+        float *xb = eng_alloc((size_t)(Hp * Wp * 16) * sizeof(float)), *gb = eng_alloc((size_t)(OH * OW * 16) * sizeof(float));
+        if (!xb || !gb) {
+#pragma omp atomic write
+            ok = 0;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < nblk; b++) {
+            if (!xb || !gb) continue;
+            int64_t c0 = b * 16, nc = C - c0 < 16 ? C - c0 : 16;
+            double accd[64][16] = {{0}}, bd[16] = {0};
+            float acc[64][16], bs[16];
+            for (int64_t n = 0; n < N; n++) {
+                memset(xb, 0, (size_t)(Hp * Wp * 16) * sizeof(float));
+                memset(gb, 0, (size_t)(OH * OW * 16) * sizeof(float));
+                for (int64_t l = 0; l < nc; l++) {
+                    const float *xp = x + (n * C + c0 + l) * H * W, *gp = dy + (n * C + c0 + l) * OH * OW;
+                    for (int64_t h = 0; h < Hp; h++) {
+                        int64_t ih = h - ph;
+                        if (ih < 0 || ih >= H) continue;
+                        for (int64_t w = 0; w < Wp; w++) {
+                            int64_t iw = w - pw;
+                            if (iw >= 0 && iw < W) xb[(h * Wp + w) * 16 + l] = xp[ih * W + iw];
+                        }
+                    }
+                    for (int64_t o = 0; o < OH * OW; o++) gb[o * 16 + l] = gp[o];
+                }
+                memset(acc, 0, sizeof acc);
+                memset(bs, 0, sizeof bs);
+                for (int64_t o1 = 0; o1 < OH; o1++)
+                    for (int64_t o2 = 0; o2 < OW; o2++) {
+                        const float *g = gb + (o1 * OW + o2) * 16;
+#pragma omp simd
+                        for (int l = 0; l < 16; l++) bs[l] += g[l];
+                        for (int64_t kh = 0; kh < KH; kh++) {
+                            const float *xr = xb + ((o1 * sh + kh) * Wp + o2 * sw) * 16;
+                            for (int64_t kw = 0; kw < KW; kw++) {
+                                float *a = acc[kh * KW + kw];
+                                const float *xv = xr + kw * 16;
+#pragma omp simd
+                                for (int l = 0; l < 16; l++) a[l] += g[l] * xv[l];
+                            }
+                        }
+                    }
+                for (int64_t k = 0; k < K; k++)
+                    for (int l = 0; l < 16; l++) accd[k][l] += acc[k][l];
+                for (int l = 0; l < 16; l++) bd[l] += bs[l];
+            }
+            for (int64_t l = 0; l < nc; l++) {
+                for (int64_t k = 0; dw && k < K; k++) dw[(c0 + l) * K + k] = (float)accd[k][l];
+                if (db) db[c0 + l] = (float)bd[l];
+            }
+        }
+        eng_free(xb);
+        eng_free(gb);
+    }
+    return ok;
 }
 
 /* ---- MatMulGrad ---- */
@@ -515,7 +619,7 @@ eng_status krn_cpu_grad_layernorm_exec(krn_call *c) {
         for (int64_t r = r0; r < r1; r++) {
             const float *xr = x + r * cols, *gr = dy + r * cols;
             float *dr = dx + r * cols;
-            float mean = (float)(sum_f32(xr, cols) / (double)cols), var = 0, mg = 0, mgx = 0;
+            float mean = (float)(ew_sum_f32(xr, cols) / (double)cols), var = 0, mg = 0, mgx = 0;
 #pragma omp simd reduction(+ : var)
             for (int64_t j = 0; j < cols; j++) var += (xr[j] - mean) * (xr[j] - mean);
             float inv = 1.0f / sqrtf(var * rc + eps);

@@ -70,6 +70,24 @@ static eng_status rts_exec(krn_call *c) {
         free(acc);
         return st;
     }
+    /* the other common case (a per-channel scale's gradient, [N,C,H,W] -> [N,C,1,1] or [C,1,1]): y is dy's
+     * leading dims, the trailing ones summed -> one contiguous run per output, rows over threads */
+    int lead = 0;
+    while (lead < r && (lead >= off ? y->dims[lead - off] : 1) == dy->dims[lead] && dy->dims[lead] != 1) lead++;
+    int runs_case = ny > 0 && dy->dtype == ENG_DTYPE_F32;
+    for (int d = 0; d < r && runs_case; d++) {
+        int64_t yd = d >= off ? y->dims[d - off] : 1;
+        runs_case = d < lead ? yd == dy->dims[d] : yd == 1;
+    }
+    if (runs_case && n / ny >= 16) {
+        const float *g = dy->data;
+        int64_t inner = n / ny;
+#pragma omp parallel for num_threads(c->nthreads) schedule(static) if (n >= 65536)
+        for (int64_t j = 0; j < ny; j++) acc[j] = ew_sum_f32(g + j * inner, inner);
+        eng_status st = eng_convert(acc, ENG_DTYPE_F64, y->data, y->dtype, ny);
+        free(acc);
+        return st;
+    }
     int64_t ys[ENG_MAX_DIMS], os[ENG_MAX_DIMS] = {0}, idx[ENG_MAX_DIMS] = {0};
     strides_of(y, ys);
     for (int d = 0; d < r; d++) os[d] = d >= off && y->dims[d - off] != 1 ? ys[d - off] : 0;
@@ -104,7 +122,7 @@ static eng_status act_exec(krn_call *c) {
     int gt = p->gelu_tanh;
     /* One pass per kind, each loop vectorised (ew-math.h); threads for large tensors only: the selects are
      * memory-bound, the transcendental ones (Gelu, Erf) compute-bound and split earlier. */
-    int heavy = kind == KRN_ACT_GRAD_GELU || kind == KRN_ACT_GRAD_ERF;
+    int heavy = kind == KRN_ACT_GRAD_GELU || kind == KRN_ACT_GRAD_ERF || kind == KRN_ACT_GRAD_SILU;
     int nt = n > (heavy ? 16384 : 262144) ? c->nthreads : 1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -131,6 +149,12 @@ static eng_status act_exec(krn_call *c) {
             break;
         case KRN_ACT_GRAD_TANH:
             for (int64_t i = b; i < e; i++) dx[i] = dy[i] * (1.0f - x[i] * x[i]);
+            break;
+        case KRN_ACT_GRAD_SILU:
+            for (int64_t i = b; i < e; i++) {
+                float s = ew_sigmoid(x[i]);
+                dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+            }
             break;
         default:
             for (int64_t i = b; i < e; i++) dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0.0f;

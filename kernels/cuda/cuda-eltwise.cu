@@ -1172,6 +1172,11 @@ __global__ void ewc_act_grad_k(const float *__restrict__ dy, const float *__rest
         case KRN_ACT_GRAD_ERF: r = g * 1.1283791670955126f * expf(-v * v); break;
         case KRN_ACT_GRAD_SIGMOID: r = g * v * (1.0f - v); break;
         case KRN_ACT_GRAD_TANH: r = g * (1.0f - v * v); break;
+        case KRN_ACT_GRAD_SILU: {
+            float s = 1.0f / (1.0f + expf(-v));
+            r = g * s * (1.0f + v * (1.0f - s));
+            break;
+        }
         default: r = v >= lo && v <= hi ? g : 0.0f; break;
         }
         dx[i] = r;
@@ -1180,7 +1185,7 @@ __global__ void ewc_act_grad_k(const float *__restrict__ dy, const float *__rest
 
 static int act_grad_supports(const krn_call *c) {
     const krn_act_grad_params *p = (const krn_act_grad_params *)c->params;
-    if (!p || c->nin < 2 || c->nout < 1 || p->kind < KRN_ACT_GRAD_RELU || p->kind > KRN_ACT_GRAD_CLIP) return 0;
+    if (!p || c->nin < 2 || c->nout < 1 || p->kind < KRN_ACT_GRAD_RELU || p->kind > KRN_ACT_GRAD_SILU) return 0;
     if (c->in[0].dtype != ENG_DTYPE_F32 || c->in[1].dtype != ENG_DTYPE_F32 || c->out[0].dtype != ENG_DTYPE_F32)
         return 0;
     int64_t n = eng_tensor_numel(&c->out[0]);

@@ -6,8 +6,8 @@ folded), in the system Python that has torch (make deps installs python3-torchvi
 torch side as a state_dict.
 
 - The first 10 steps' losses (SGD, file order: --shuffle false) agree with PyTorch's within 1e-4 relative, for a CNN
-  with BatchNorm, a depthwise convolution, max pooling and a residual add, and for nn.TransformerEncoderLayer over an
-  embedding (every Linear trained through its Transpose).
+  with BatchNorm, a depthwise convolution, max pooling, SiLU (exported as x * Sigmoid(x), trained as one node) and a
+  residual add, and for nn.TransformerEncoderLayer over an embedding (every Linear trained through its Transpose).
 - Head only (--freeze on the backbone): the frozen BatchNorms run on their running statistics and keep them (Keras'
   trainable=False; PyTorch's eval mode for those modules), the losses agree with PyTorch's the same way, and the
   backbone is bit-identical afterwards.
@@ -38,7 +38,7 @@ class CNN(nn.Module):
         self.pool = nn.MaxPool2d(3, 2, 1)
         self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU6())
         self.pw = nn.Sequential(nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32))
-        self.short = nn.Conv2d(16, 32, 1, bias=False)
+        self.short = nn.Sequential(nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32), nn.SiLU())
         self.head = nn.Linear(32, 5)
     def forward(self, x):
         x = self.pool(self.stem(x))
@@ -199,7 +199,7 @@ def test_the_version_written_from_a_training_export_serves(tensord_bin, tmp_path
     train(tensord_bin, base, npz, 0.01)
     m = onnx.load(str(base / "2" / "model.onnx"))
     bns = [n for n in m.graph.node if n.op_type == "BatchNormalization"]
-    assert len(bns) == 3
+    assert len(bns) == 4
     for n in bns:
         assert len(n.output) == 1 and all(a.name != "training_mode" or a.i == 0 for a in n.attribute), n
     x = np.random.default_rng(5).standard_normal((6, 3, 16, 16), dtype=np.float32)

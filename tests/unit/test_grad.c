@@ -49,6 +49,14 @@ static const gc_row rows[] = {
     {"conv2d_groups_stride_pad_dil", "Conv", "", 17, {"P:2x4x7x6", "P:4x2x3x2", "P:4"}, 1, 0,
      "group=i:2;strides=is:2,1;pads=is:1,0,2,1;dilations=is:2,1", 0},
     {"conv2d_depthwise_same", "Conv", "", 17, {"P:1x3x5x5", "P:3x1x3x3"}, 1, 0, "group=i:3;auto_pad=s:SAME_UPPER", 0},
+    /* depthwise dW by krn_cpu_dw_conv_grad_weights: 5x5 stride 2 with a bias over 20 channels (a 16-channel block
+     * and a tail of 4), and 3x2 with asymmetric pads and strides over 17 */
+    {"conv2d_depthwise_5x5_s2_tail", "Conv", "", 17, {"P:2x20x9x8", "P:20x1x5x5", "P:20"}, 1, 0,
+     "group=i:20;strides=is:2,2;pads=is:2,2,2,2", 0},
+    {"conv2d_depthwise_asym", "Conv", "", 17, {"P:3x17x6x7", "P:17x1x3x2"}, 1, 0,
+     "group=i:17;strides=is:1,2;pads=is:1,0,1,1", 0},
+    {"mul_bcast_per_channel", "Mul", "", 17, {"P:2x3x4x5", "P:2x3x1x1"}, 1, 0, "", 0},
+    {"silu", "Silu", "com.tensord", 17, {"P:3x5x4"}, 1, 0, "", 0}, /* a training graph's x * sigmoid(x) */
     {"conv1d_stride", "Conv", "", 17, {"P:2x3x9", "P:2x3x3", "P:2"}, 1, 0, "strides=is:2;pads=is:1,1", 0},
     {"conv3d", "Conv", "", 17, {"P:1x2x4x4x3", "P:2x2x2x2x2"}, 1, 0, "pads=is:1,0,0,0,1,1", 0},
     {"maxpool_k3s2p1", "MaxPool", "", 17, {"D:2x2x5x5"}, 1, 0, "kernel_shape=is:3,3;strides=is:2,2;pads=is:1,1,1,1", 0},
