@@ -132,40 +132,44 @@ static inline double ew_sum_f32(const float *v, int64_t n) {
     return s;
 }
 
-static inline void ew_row_moments(const float *v, const float *g, int64_t n, float m, double *s1, double *s2) {
-    float a1[16] = {0}, a2[16] = {0};
-    int64_t i = 0;
-    if (g) {
-        for (; i + 16 <= n; i += 16)
-            for (int j = 0; j < 16; j++) a1[j] += g[i + j], a2[j] += g[i + j] * (v[i + j] - m);
-    } else {
-        for (; i + 16 <= n; i += 16)
-            for (int j = 0; j < 16; j++) a1[j] += v[i + j], a2[j] += (v[i + j] - m) * (v[i + j] - m);
+/* One pass over channel cc of an (n, ch, sp) float32 tensor x and, if g is not NULL, the same channel of g, around
+ * a shift k (BatchNormalization: one of the channel's own values, so the sums do not cancel): out[0] = sum (x - k),
+ * out[1] = sum (x - k)^2, out[2] = sum g, out[3] = sum g (x - k). Float lanes per row, folded into double. */
+static inline void ew_channel_sums(const float *x, const float *g, int64_t n, int64_t ch, int64_t sp, int64_t cc,
+                                   float k, double out[4]) {
+    double s1 = 0, s2 = 0, s3 = 0, s4 = 0;
+    for (int64_t b = 0; b < n; b++) {
+        const float *v = x + (b * ch + cc) * sp, *gr = g ? g + (b * ch + cc) * sp : NULL;
+        float a1[16] = {0}, a2[16] = {0}, a3[16] = {0}, a4[16] = {0};
+        int64_t i = 0;
+        if (gr) {
+            for (; i + 16 <= sp; i += 16)
+                for (int j = 0; j < 16; j++) {
+                    float d = v[i + j] - k;
+                    a1[j] += d, a2[j] += d * d, a3[j] += gr[i + j], a4[j] += gr[i + j] * d;
+                }
+        } else {
+            for (; i + 16 <= sp; i += 16)
+                for (int j = 0; j < 16; j++) {
+                    float d = v[i + j] - k;
+                    a1[j] += d, a2[j] += d * d;
+                }
+        }
+        for (; i < sp; i++) {
+            double d = (double)v[i] - k;
+            s1 += d, s2 += d * d;
+            if (gr) s3 += gr[i], s4 += gr[i] * d;
+        }
+        for (int j = 0; j < 16; j++) s1 += a1[j], s2 += a2[j], s3 += a3[j], s4 += a4[j];
     }
-    double t1 = 0, t2 = 0;
-    for (; i < n; i++) {
-        double d = (double)v[i] - m;
-        t1 += g ? g[i] : v[i];
-        t2 += g ? g[i] * d : d * d;
-    }
-    for (int j = 0; j < 16; j++) t1 += a1[j], t2 += a2[j];
-    *s1 += t1;
-    *s2 += t2;
+    out[0] = s1, out[1] = s2, out[2] = s3, out[3] = s4;
 }
 
-/* Batch mean and population variance of channel cc of an (n, ch, sp) float32 tensor, as BatchNormalization in
- * training mode and its gradient need them: one pass for the mean, one for the squares around its float copy,
- * corrected to around the exact mean: sum (x - m)^2 = q - 2 (m - mf) (sum x - cnt mf) + cnt (m - mf)^2. */
-static inline void ew_channel_moments(const float *x, int64_t n, int64_t ch, int64_t sp, int64_t cc, double *mean,
-                                      double *var) {
-    double s = 0, q = 0, cnt = (double)(n * sp);
-    for (int64_t b = 0; b < n; b++) ew_row_moments(x + (b * ch + cc) * sp, NULL, sp, 0.0f, &s, &q);
-    double m = cnt > 0 ? s / cnt : 0, mf = (float)m, dm = m - mf;
-    s = q = 0;
-    for (int64_t b = 0; b < n; b++) ew_row_moments(x + (b * ch + cc) * sp, NULL, sp, (float)mf, &s, &q);
-    q = q - 2 * dm * (s - cnt * mf) + cnt * dm * dm;
-    *mean = m;
-    *var = cnt > 0 && q > 0 ? q / cnt : 0;
+/* Batch mean and population variance of a channel from ew_channel_sums over cnt values around k. */
+static inline void ew_sums_moments(const double s[4], double cnt, float k, double *mean, double *var) {
+    double m1 = cnt > 0 ? s[0] / cnt : 0, v = cnt > 0 ? s[1] / cnt - m1 * m1 : 0;
+    *mean = (double)k + m1;
+    *var = v > 0 ? v : 0;
 }
 
 /* d/dx gelu(x) = Phi(x) + x phi(x), erf form; Phi from the same split as ew_gelu (no cancellation for x << 0). */

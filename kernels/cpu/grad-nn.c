@@ -533,9 +533,9 @@ eng_status krn_cpu_grad_matmul_exec(krn_call *c) {
 
 /* ---- BatchNormalizationGrad ---- */
 
-/* BatchNormalizationGrad: per channel (channels over threads), the batch statistics again in training mode, the
- * sums of dy and dy * x_hat, then dx in one vectorised pass. Float lanes around a float copy of the mean, folded
- * into double and corrected to the exact mean. */
+/* BatchNormalizationGrad: per channel (channels over threads), one pass for the batch statistics again (training
+ * mode) and the sums of dy and dy * x_hat (ew_channel_sums, around one of the channel's values), then dx in one
+ * vectorised pass. */
 eng_status krn_cpu_grad_batchnorm_exec(krn_call *c) {
     const krn_bn_grad_params *p = c->params;
     const float *dy = c->in[0].data, *x = c->in[1].data, *scale = c->in[2].data, *rmean = c->in[3].data;
@@ -545,14 +545,13 @@ eng_status krn_cpu_grad_batchnorm_exec(krn_call *c) {
     double cnt = (double)(n * sp);
 #pragma omp parallel for num_threads(c->nthreads) if (n * ch * sp > 65536)
     for (int64_t cc = 0; cc < ch; cc++) {
-        double mean = rmean[cc], var = rvar[cc];
-        if (p->training) ew_channel_moments(x, n, ch, sp, cc, &mean, &var);
-        double inv = 1.0 / sqrt(var + (double)p->epsilon), mf = (float)mean, sdy = 0, sdxm = 0;
-        for (int64_t b = 0; b < n; b++) {
-            int64_t o = (b * ch + cc) * sp;
-            ew_row_moments(x + o, dy + o, sp, (float)mf, &sdy, &sdxm);
-        }
-        double sdyx = (sdxm - (mean - mf) * sdy) * inv; /* sum dy * (x - mean) * inv */
+        /* one pass over x and dy: the batch statistics (training) and the sums of dy and dy * (x - mean) */
+        double mean = rmean[cc], var = rvar[cc], s[4];
+        float k = p->training ? (n * sp > 0 ? x[cc * sp] : 0.0f) : (float)mean;
+        ew_channel_sums(x, dy, n, ch, sp, cc, k, s);
+        if (p->training) ew_sums_moments(s, cnt, k, &mean, &var);
+        double inv = 1.0 / sqrt(var + (double)p->epsilon), sdy = s[2];
+        double sdyx = (s[3] - (mean - k) * sdy) * inv; /* sum dy * (x - mean) * inv */
         if (ds) ds[cc] = (float)sdyx;
         if (dbias) dbias[cc] = (float)sdy;
         double a = scale[cc] * inv;

@@ -115,8 +115,8 @@ static void bn_running_outputs(krn_call *c, const krn_batchnorm_params *p, const
 }
 
 /* Training mode: batch mean/var per channel (population variance), then normalise with them. float32 input: the
- * channels split over threads, each channel's rows summed in float lanes folded into double (one pass for the
- * mean, one for the variance around it); other dtypes in double. */
+ * channels split over threads, one pass of sums around the channel's first value (float lanes per row folded into
+ * double: ew_channel_sums); other dtypes in double. */
 static eng_status bn_training(krn_call *c, const krn_batchnorm_params *p, bn_state *st) {
     const eng_tensor *x = &c->in[0];
     int64_t n = p->n, ch = p->c, sp = p->spatial_size;
@@ -126,7 +126,12 @@ static eng_status bn_training(krn_call *c, const krn_batchnorm_params *p, bn_sta
         const float *xf = x->data;
         int nt = c->nthreads > 0 ? c->nthreads : 1;
 #pragma omp parallel for num_threads(nt) if (n * ch * sp >= 65536 && ch > 1) schedule(static)
-        for (int64_t cc = 0; cc < ch; cc++) ew_channel_moments(xf, n, ch, sp, cc, &mv[cc], &mv[ch + cc]);
+        for (int64_t cc = 0; cc < ch; cc++) {
+            double s[4];
+            float k = n * sp > 0 ? xf[cc * sp] : 0.0f; /* the channel's first value: the sums do not cancel */
+            ew_channel_sums(xf, NULL, n, ch, sp, cc, k, s);
+            ew_sums_moments(s, (double)(n * sp), k, &mv[cc], &mv[ch + cc]);
+        }
         for (int64_t cc = 0; cc < ch; cc++) {
             double a = eng_tensor_get_f64(&c->in[1], cc) / sqrt(mv[ch + cc] + (double)p->epsilon);
             st->a[cc] = a;
