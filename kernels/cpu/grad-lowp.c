@@ -407,7 +407,16 @@ static eng_status cg_build(krn_call *c, cg_state *s, dnnl_data_type_t dt) {
         KRN_DNNL_CHECK(dnnl_primitive_create(&s->pbw, s->bw));
         ENG_TRY(cg_scratch(s->bw, &s->sbw));
         ENG_TRY(cg_mem(s, CG_BW_X, &xp, dnnl_primitive_desc_query_md(s->bw, dnnl_query_src_md, 0), 1));
-        ENG_TRY(cg_mem(s, CG_BW_DY, &dyp, dnnl_primitive_desc_query_md(s->bw, dnnl_query_diff_dst_md, 0), 1));
+        const dnnl_memory_desc_t *bwdy = dnnl_primitive_desc_query_md(s->bw, dnnl_query_diff_dst_md, 0);
+        s->dy_shared = s->pbd && s->io[CG_BD_DY].r.prim &&
+                       dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(s->bd, dnnl_query_diff_dst_md, 0), bwdy);
+        if (s->dy_shared) { /* the layout backward-data converted dy into: read it from there */
+            dnnl_engine_t eng;
+            ENG_TRY(krn_dnnl_engine(&eng));
+            KRN_DNNL_CHECK(dnnl_memory_create(&s->m[CG_BW_DY], bwdy, eng, s->io[CG_BD_DY].buf));
+        } else {
+            ENG_TRY(cg_mem(s, CG_BW_DY, &dyp, bwdy, 1));
+        }
         dnnl_memory_desc_t dwp;
         ENG_TRY(cg_plain_md(&dwp, want_dw ? &c->out[1] : w, G));
         dwp.data_type = dnnl_f32;
@@ -424,10 +433,7 @@ static eng_status cg_build(krn_call *c, cg_state *s, dnnl_data_type_t dt) {
         if (!want_dx) impl = krn_dnnl_impl_name(s->bw);
     }
     if (s->own_dw && !want_dx) impl = "depthwise dW";
-    s->dy_shared = s->pbd && s->pbw && s->io[CG_BD_DY].r.prim && s->io[CG_BW_DY].r.prim &&
-                   dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(s->bd, dnnl_query_diff_dst_md, 0),
-                                          dnnl_primitive_desc_query_md(s->bw, dnnl_query_diff_dst_md, 0));
-    int nre = -s->dy_shared;
+    int nre = 0;
     for (int i = 0; i < 7; i++) nre += s->io[i].r.prim != NULL;
     snprintf(s->desc, sizeof s->desc, "%s (%s dx, dw%s) +%d reorders", impl, dt == dnnl_bf16 ? "bf16" : "f32",
              s->own_dw ? " depthwise own" : "", nre);
@@ -494,8 +500,7 @@ static eng_status cg_exec(krn_call *c) {
     if (s->pbw) {
         void *dw = c->nout > 1 && c->out[1].data ? c->out[1].data : s->io[CG_BW_DW].buf;
         ENG_TRY(cg_in(s, CG_BW_X, stream, c->in[1].data));
-        if (s->dy_shared) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->m[CG_BW_DY], s->io[CG_BD_DY].buf));
-        else ENG_TRY(cg_in(s, CG_BW_DY, stream, c->in[0].data));
+        if (!s->dy_shared) ENG_TRY(cg_in(s, CG_BW_DY, stream, c->in[0].data));
         if (!s->io[CG_BW_DW].r.prim) KRN_DNNL_CHECK(dnnl_memory_set_data_handle(s->m[CG_BW_DW], dw));
         dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, s->m[CG_BW_X]}, {DNNL_ARG_DIFF_DST, s->m[CG_BW_DY]},
                                 {DNNL_ARG_DIFF_WEIGHTS, s->m[CG_BW_DW]}};
@@ -522,7 +527,6 @@ static void cg_describe(const krn_call *c, krn_impl_info *info) {
     }
     krn_str_copy(info->impl, sizeof info->impl, s->desc);
     for (int i = 0; i < 7; i++) info->reorders += s->io[i].r.prim != NULL;
-    info->reorders -= s->dy_shared;
 }
 
 const krn_kernel krn_cpu_grad_lowp_kernels[] = {
