@@ -318,7 +318,17 @@ static eng_status build(trn_ctx *c) {
         }
     }
 
-    /* sessions */
+    /* sessions: the trained parameters are graph inputs fed every step, so the training graph drops its copies of
+     * their initial values (the trainer holds them in params[].w) and every replica's clone is that much smaller */
+    for (int i = 0; st == ENG_STATUS_OK && i < c->nparams; i++) {
+        int v = eng_graph_find_value(gt, c->params[i].name);
+        eng_value *val = v >= 0 ? &gt->values[v] : NULL;
+        if (!val || !val->init) continue;
+        val->dtype = val->init->dtype;
+        val->ndim = val->init->ndim;
+        memcpy(val->dims, val->init->dims, sizeof val->dims);
+        eng_value_set_init(gt, v, NULL);
+    }
     if (st == ENG_STATUS_OK) st = trn_replicas_new(c, gt);
     eng_graph_free(&gt);
     if (st == ENG_STATUS_OK && c->R > 1) st = eng_comm_new_threads(c->R, &c->comm);
