@@ -42,6 +42,22 @@ static eng_status ensure_input(eng_graph *g, const char *name) {
     return ensure_in_list(&g->inputs, &g->ninputs, v);
 }
 
+/* The parameters are graph inputs of the training and evaluation graphs, fed from params[].w every run: drop those
+ * graphs' copies of their initial values (keeping dtype and shape), so neither they nor the sessions' clones hold a
+ * dead copy of the weights. After the data is fitted against the graph (an input without a value is a data column
+ * there). */
+static void drop_fed_inits(const trn_ctx *c, eng_graph *g) {
+    for (int i = 0; i < c->nparams; i++) {
+        int v = eng_graph_find_value(g, c->params[i].name);
+        eng_value *val = v >= 0 ? &g->values[v] : NULL;
+        if (!val || !val->init) continue;
+        val->dtype = val->init->dtype;
+        val->ndim = val->init->ndim;
+        memcpy(val->dims, val->init->dims, sizeof val->dims);
+        eng_value_set_init(g, v, NULL);
+    }
+}
+
 static int output_index(const eng_graph *g, const char *name) {
     for (int i = 0; i < g->noutputs; i++)
         if (strcmp(g->values[g->outputs[i]].name, name) == 0) return i;
@@ -318,17 +334,8 @@ static eng_status build(trn_ctx *c) {
         }
     }
 
-    /* sessions: the trained parameters are graph inputs fed every step, so the training graph drops its copies of
-     * their initial values (the trainer holds them in params[].w) and every replica's clone is that much smaller */
-    for (int i = 0; st == ENG_STATUS_OK && i < c->nparams; i++) {
-        int v = eng_graph_find_value(gt, c->params[i].name);
-        eng_value *val = v >= 0 ? &gt->values[v] : NULL;
-        if (!val || !val->init) continue;
-        val->dtype = val->init->dtype;
-        val->ndim = val->init->ndim;
-        memcpy(val->dims, val->init->dims, sizeof val->dims);
-        eng_value_set_init(gt, v, NULL);
-    }
+    /* sessions */
+    if (st == ENG_STATUS_OK) drop_fed_inits(c, gt);
     if (st == ENG_STATUS_OK) st = trn_replicas_new(c, gt);
     eng_graph_free(&gt);
     if (st == ENG_STATUS_OK && c->R > 1) st = eng_comm_new_threads(c->R, &c->comm);
@@ -340,6 +347,7 @@ static eng_status build(trn_ctx *c) {
         if (st == ENG_STATUS_OK) st = ensure_output(ge, ln, &c->eval_loss_out);
         if (st == ENG_STATUS_OK) st = ensure_output(ge, "metric/accuracy", &c->eval_acc_out);
         for (int i = 0; st == ENG_STATUS_OK && i < c->nparams; i++) st = ensure_input(ge, c->params[i].name);
+        if (st == ENG_STATUS_OK) drop_fed_inits(c, ge);
         if (st == ENG_STATUS_OK) {
             eng_session_opts so = {.nthreads = o->nthreads, .no_fuse = 1, .precision = o->precision};
             st = trn_replica_device(o, 0, &so);

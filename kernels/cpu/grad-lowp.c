@@ -21,6 +21,7 @@
 
 eng_status krn_cpu_grad_matmul_exec(krn_call *c);
 eng_status krn_cpu_grad_conv_exec(krn_call *c);
+int krn_cpu_dw_conv_grad_takes(const krn_call *c, const krn_conv_params *p);
 int krn_cpu_dw_conv_grad_weights(const krn_call *c, const krn_conv_params *p, float *dw, float *db);
 
 enum { GM_DY = 0, GM_A = 1, GM_B = 2 };
@@ -384,9 +385,7 @@ static eng_status cg_build(krn_call *c, cg_state *s, dnnl_data_type_t dt) {
     }
     /* depthwise 2-D float32: dW / dB by our kernel (krn_cpu_dw_conv_grad_weights); oneDNN 2.6 has a fast one only
      * for 3x3 (and only in nChw16c, which costs two more reorders), else a per-group gemm 15-50x slower */
-    s->own_dw = (want_dw || want_db) && dt == dnnl_f32 && x->dtype == ENG_DTYPE_F32 && dy->dtype == ENG_DTYPE_F32 &&
-                nsp == 2 && G > 1 && G == x->dims[1] && G == w->dims[0] && p->dilations[0] == 1 &&
-                p->dilations[1] == 1 && w->dims[2] * w->dims[3] <= 64;
+    s->own_dw = (want_dw || want_db) && dt == dnnl_f32 && krn_cpu_dw_conv_grad_takes(c, p);
     if (!s->own_dw && (want_dw || want_db)) {
         /* grouped 2-D: ask for the channel-blocked layout first; with `any` and the forward's NHWC hint oneDNN 2.6
          * settles for its per-group gemm */
@@ -495,7 +494,7 @@ static eng_status cg_exec(krn_call *c) {
         const krn_conv_params *p = &((const krn_conv_grad_params *)c->params)->conv;
         float *dw = c->nout > 1 ? c->out[1].data : NULL, *db = c->nout > 2 ? c->out[2].data : NULL;
         if ((dw || db) && !krn_cpu_dw_conv_grad_weights(c, p, dw, db))
-            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "depthwise ConvGrad: packing buffers");
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "depthwise ConvGrad: packing buffers"); /* shape checked at init */
     }
     if (s->pbw) {
         void *dw = c->nout > 1 && c->out[1].data ? c->out[1].data : s->io[CG_BW_DW].buf;

@@ -416,11 +416,18 @@ eng_status krn_cpu_grad_pool_exec(krn_call *c) {
  * [position][16] buffers, so every kernel tap is one 16-lane multiply-add per output position whatever the plane's
  * width; per-image float sums are folded into double. Channel blocks over threads. oneDNN 2.6 has a fast kernel only
  * for 3x3 here and falls back to a per-group gemm 15-50x slower for 5x5 (EfficientNet, MnasNet). dw or db may be
- * NULL (not wanted). Returns 0 if the shape is not one it takes (or out of memory). */
+ * NULL (not wanted). krn_cpu_dw_conv_grad_takes says which shapes it takes; returns 0 for any other (or out of
+ * memory). */
+int krn_cpu_dw_conv_grad_takes(const krn_call *c, const krn_conv_params *p) {
+    const eng_tensor *dyt = &c->in[0], *xt = &c->in[1], *wt = &c->in[2];
+    return xt->ndim == 4 && dyt->ndim == 4 && wt->ndim == 4 && xt->dtype == ENG_DTYPE_F32 && dyt->dtype == ENG_DTYPE_F32 &&
+           p->group > 1 && p->group == xt->dims[1] && wt->dims[0] == p->group && wt->dims[1] == 1 &&
+           p->dilations[0] == 1 && p->dilations[1] == 1 && wt->dims[2] * wt->dims[3] <= 64;
+}
+
 int krn_cpu_dw_conv_grad_weights(const krn_call *c, const krn_conv_params *p, float *dw, float *db) {
     const eng_tensor *dyt = &c->in[0], *xt = &c->in[1], *wt = &c->in[2];
-    if (xt->ndim != 4 || p->group != xt->dims[1] || wt->dims[0] != p->group || wt->dims[1] != 1) return 0;
-    if (p->dilations[0] != 1 || p->dilations[1] != 1 || wt->dims[2] * wt->dims[3] > 64) return 0;
+    if (!krn_cpu_dw_conv_grad_takes(c, p)) return 0;
     int64_t N = xt->dims[0], C = xt->dims[1], H = xt->dims[2], W = xt->dims[3], OH = dyt->dims[2], OW = dyt->dims[3];
     int64_t KH = wt->dims[2], KW = wt->dims[3], sh = p->strides[0], sw = p->strides[1], ph = p->pads[0], pw = p->pads[1];
     int64_t Hp = (OH - 1) * sh + KH, Wp = (OW - 1) * sw + KW; /* the padded rows / columns the taps read */
