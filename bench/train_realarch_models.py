@@ -11,8 +11,8 @@ python3-torchvision; `make deps`).
                            prefixes, the backbone's freeze prefixes (parameter names as both sides spell them)
     /usr/bin/python3 bench/train_realarch_models.py train NAME DIR DATA.npz BATCH THREADS EPOCHS MODE
         MODE full | head. Adam (lr 1e-3, eps 1e-7 as Keras and tensord), cross-entropy on logits, shuffled batches,
-        EPOCHS epochs, the last one timed. head: every backbone parameter requires_grad=False and every BatchNorm in
-        the backbone in eval mode (statistics kept, Keras' trainable=False). Prints one JSON line: examples/s, the
+        EPOCHS epochs, each timed (examples/s of the last one, and of all of them). head: every backbone parameter requires_grad=False and every BatchNorm in
+        the backbone in eval mode (statistics kept, Keras' trainable=False). Prints one JSON line: examples/s (last epoch, whole job), the
         last epoch's mean loss, peak RSS (MiB), the torch version.
     /usr/bin/python3 bench/train_realarch_models.py losses NAME DIR DATA.npz BATCH THREADS OPT float32|float64
         the loss-agreement check: 10 full fine-tuning steps in file order, OPT sgd:LR:MOMENTUM or adam:LR; prints
@@ -231,16 +231,18 @@ def train(name, out, data, batch, threads, epochs, mode):
     xs, y = inputs(spec, data, torch.float32)
     step, n = step_fn(model, opt, xs, y), len(y)
     g = torch.Generator().manual_seed(0)
-    eps, loss_mean = 0.0, 0.0
+    eps, loss_mean, job = 0.0, 0.0, 0.0
     for _ in range(epochs):
         perm = torch.randperm(n, generator=g)
         t0, total = time.perf_counter(), 0.0
         for i in range(0, n, batch):
             idx = perm[i:i + batch]
             total += step(idx) * len(idx)
-        eps, loss_mean = n / (time.perf_counter() - t0), total / n
+        dt = time.perf_counter() - t0
+        eps, loss_mean, job = n / dt, total / n, job + dt
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"eps": eps, "loss": loss_mean, "rss_mib": rss, "torch": torch.__version__}))
+    print(json.dumps({"eps": eps, "job_eps": epochs * n / job, "loss": loss_mean, "rss_mib": rss,
+                      "torch": torch.__version__}))
 
 
 def main():

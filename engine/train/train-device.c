@@ -81,7 +81,7 @@ eng_status trn_dev_alloc(trn_ctx *c) {
         for (int k = 0; st == ENG_STATUS_OK && k < c->nparams; k++) {
             st = krn_buf_alloc(c->dev, rp->dctx, param_bytes(&c->params[k]), &rp->dw[k]);
             if (st != ENG_STATUS_OK) eng_err_prefix(st, "replica %d, weight '%s': ", r, c->params[k].name);
-            else rp->feed[c->ninputs + 1 + k].data = rp->dw[k];
+            else rp->feed[c->feed_train.n + 1 + k].data = rp->dw[k];
         }
         if (st == ENG_STATUS_OK && r > 0) st = eng_optim_new(&c->o->optim, c->ntrain, sizes, &rp->optim);
         if (st == ENG_STATUS_OK && r > 0) st = optim_clone(c, rp);

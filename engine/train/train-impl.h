@@ -105,6 +105,24 @@ void trn_fp32_nodes_free(trn_fp32_nodes *f);
 
 #define TRN_LOSS_SCALE_INPUT "train/loss_scale" /* the training graph's loss-scale input (loss scaling on) */
 
+/* The data inputs a session is fed, and the columns of the loader's dataset they come from (then the label). */
+typedef struct trn_feedmap {
+    int n;
+    const char **names;
+    int *col;
+    int label_col;
+} trn_feedmap;
+
+/* train-frozen.c: the frozen layers' features computed once (see there), for metrics.json. */
+typedef struct trn_frozen {
+    int cached;       /* 1: the steps run the trained part only */
+    int tensors;      /* boundary values kept per example */
+    double bytes;     /* their memory */
+    double seconds;   /* time to find and compute them (before the first step) */
+    char why[512];    /* not cached: the reason ("" when there are no frozen layers) */
+} trn_frozen;
+#define TRN_FROZEN_MAX_BYTES ((int64_t)4 << 30)
+
 typedef struct trn_ctx {
     const eng_train_opts *o;
     char base[4096];
@@ -122,6 +140,10 @@ typedef struct trn_ctx {
     int *input_col;         /* dataset column for each model input */
     int label_col;
     char preprocessing[4096]; /* JSON object text {"x": "...", "label": "..."} */
+    trn_feedmap feed_eval;  /* the model inputs, their columns in train / val (input_names, input_col, label_col) */
+    trn_feedmap feed_train; /* the training graph's: feed_eval, or (frozen features) columns of ftrain (owned) */
+    eng_dataset *ftrain;    /* frozen features: the training data the loader reads (NULL: c->train) */
+    trn_frozen frozen;
     eng_loader *loader;
     int64_t steps_per_epoch;
     /* sessions */
@@ -187,6 +209,11 @@ struct trn_replica {
 
 /* train-head.c: --replace-head (see eng_train_opts.replace_head); the graph is unchanged on error. */
 eng_status trn_replace_head(eng_graph *g, int64_t classes, uint64_t seed);
+
+/* train-frozen.c: with frozen layers, compute their features for every training example and take them out of gt
+ * (which then reads c->ftrain's columns through c->feed_train); when that cannot be done, c->frozen.why says why
+ * and gt is unchanged. Errors only for out of memory or a failing run. After drop_fed_inits, before the sessions. */
+eng_status trn_frozen_features(trn_ctx *c, eng_graph *gt);
 
 /* train-loop.c */
 eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt);

@@ -35,19 +35,20 @@ static int find_output(const eng_graph *g, const char *name) {
     return -1;
 }
 
-/* names/feed arrays: model data inputs, "label", then every state tensor (weights are always fed), then (training
- * graph with loss scaling) the loss scale. */
+/* names/feed arrays: the graph's data inputs (m), "label", then every state tensor (weights are always fed), then
+ * (training graph with loss scaling) the loss scale. */
 static eng_status feed_init(trn_ctx *c, int training, int *nfeed, const char ***names, eng_tensor **feed) {
+    const trn_feedmap *m = training ? &c->feed_train : &c->feed_eval;
     int scaled = training && c->ls.mode != ENG_LOSS_SCALE_NONE;
-    int n = c->ninputs + 1 + c->nparams + scaled;
+    int n = m->n + 1 + c->nparams + scaled;
     *names = calloc((size_t)n, sizeof **names);
     *feed = calloc((size_t)n, sizeof **feed);
     if (!*names || !*feed) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
-    for (int i = 0; i < c->ninputs; i++) (*names)[i] = c->input_names[i];
-    (*names)[c->ninputs] = "label";
+    for (int i = 0; i < m->n; i++) (*names)[i] = m->names[i];
+    (*names)[m->n] = "label";
     for (int i = 0; i < c->nparams; i++) {
-        (*names)[c->ninputs + 1 + i] = c->params[i].name;
-        (*feed)[c->ninputs + 1 + i] = c->params[i].t;
+        (*names)[m->n + 1 + i] = c->params[i].name;
+        (*feed)[m->n + 1 + i] = c->params[i].t;
     }
     if (scaled) {
         (*names)[n - 1] = TRN_LOSS_SCALE_INPUT;
@@ -57,10 +58,10 @@ static eng_status feed_init(trn_ctx *c, int training, int *nfeed, const char ***
     return ENG_STATUS_OK;
 }
 
-/* Point the data entries of feed at rows [row0, row0 + rows) of the batch. */
-static void feed_rows(const trn_ctx *c, eng_tensor *feed, const eng_batch *b, int64_t row0, int64_t rows) {
-    for (int i = 0; i <= c->ninputs; i++) {
-        int col = i < c->ninputs ? c->input_col[i] : c->label_col;
+/* Point the data entries of feed at rows [row0, row0 + rows) of the batch (columns by m). */
+static void feed_rows(const trn_feedmap *m, eng_tensor *feed, const eng_batch *b, int64_t row0, int64_t rows) {
+    for (int i = 0; i <= m->n; i++) {
+        int col = i < m->n ? m->col[i] : m->label_col;
         eng_tensor t = b->cols[col];
         size_t rb = b->rows ? eng_tensor_nbytes(&t) / (size_t)b->rows : 0;
         t.dims[0] = rows;
@@ -152,7 +153,7 @@ static eng_status replica_run_dev(trn_replica *rp) {
     eng_status st = ENG_STATUS_OK;
     rp->loss = rp->acc = 0;
     if (rp->rows > 0) {
-        feed_rows(c, rp->feed, rp->b, rp->row0, rp->rows);
+        feed_rows(&c->feed_train, rp->feed, rp->b, rp->row0, rp->rows);
         st = eng_session_run(rp->s, rp->nfeed, rp->names, rp->feed, rp->outs);
         if (st == ENG_STATUS_OK) {
             rp->loss = rp->loss_out >= 0 ? eng_tensor_get_f64(&rp->outs[rp->loss_out], 0) : NAN;
@@ -178,7 +179,7 @@ static eng_status replica_run(trn_replica *rp) {
     rp->direct = c->R == 1 && c->W == 1 && rp->rows > 0;
     if (!rp->direct) memset(pack, 0, (size_t)c->pack_n * sizeof(float));
     if (rp->rows > 0) {
-        feed_rows(c, rp->feed, rp->b, rp->row0, rp->rows);
+        feed_rows(&c->feed_train, rp->feed, rp->b, rp->row0, rp->rows);
         st = eng_session_run(rp->s, rp->nfeed, rp->names, rp->feed, rp->outs);
         if (st == ENG_STATUS_OK) {
             float scale = (float)((double)rp->rows * c->R * c->W / (double)rp->b->rows);
@@ -323,7 +324,7 @@ eng_status trn_validate(trn_ctx *c, double *loss, double *acc) {
         int end = 0;
         st = eng_loader_next(l, &b, &end);
         if (st != ENG_STATUS_OK || end) break;
-        feed_rows(c, feed, &b, 0, b.rows);
+        feed_rows(&c->feed_eval, feed, &b, 0, b.rows);
         st = eng_session_run(c->eval, nfeed, names, feed, outs);
         if (st != ENG_STATUS_OK) break;
         ls += eng_tensor_get_f64(&outs[c->eval_loss_out], 0) * (double)b.rows;

@@ -102,6 +102,19 @@ char *trn_metrics_json(const trn_ctx *c) {
     cJSON_AddNumberToObject(s, "max_steps", (double)o->max_steps);
     cJSON_AddBoolToObject(s, "shuffle", !o->no_shuffle);
     cJSON_AddNumberToObject(s, "replace_head", (double)o->replace_head);
+    cJSON_AddBoolToObject(s, "cache_frozen", !o->no_cache_frozen);
+    if (o->nfreeze > 0) { /* the frozen layers: computed once per example, or every step and why */
+        cJSON *fz = cJSON_AddObjectToObject(root, "frozen_features");
+        cJSON_AddBoolToObject(fz, "cached", c->frozen.cached);
+        if (c->frozen.cached) {
+            cJSON_AddNumberToObject(fz, "tensors", c->frozen.tensors);
+            cJSON_AddNumberToObject(fz, "mib", c->frozen.bytes / 1048576.0);
+            cJSON_AddNumberToObject(fz, "examples", (double)c->train->n);
+            cJSON_AddNumberToObject(fz, "seconds", c->frozen.seconds);
+        } else {
+            cJSON_AddStringToObject(fz, "reason", c->frozen.why);
+        }
+    }
     cJSON_AddNumberToObject(s, "trainable_params", c->ntrain);
     cJSON *pre = cJSON_Parse(c->preprocessing);
     cJSON_AddItemToObject(root, "preprocessing", pre ? pre : cJSON_CreateString(c->preprocessing));

@@ -317,6 +317,9 @@ static eng_status build(trn_ctx *c) {
     if (st == ENG_STATUS_OK && c->train->n <= 0)
         st = eng_err(ENG_STATUS_INVALID_ARGUMENT, "no training examples left after the validation split");
     if (st == ENG_STATUS_OK) st = map_columns(c, c->train);
+    c->feed_eval = (trn_feedmap){.n = c->ninputs, .names = (const char **)c->input_names, .col = c->input_col,
+                                 .label_col = c->label_col};
+    c->feed_train = c->feed_eval;
     if (st == ENG_STATUS_OK && c->val) {
         /* the val dataset was fitted the same way; its columns may sit in another order */
         for (int i = 0; i < c->ninputs; i++) {
@@ -336,6 +339,7 @@ static eng_status build(trn_ctx *c) {
 
     /* sessions */
     if (st == ENG_STATUS_OK) drop_fed_inits(c, gt);
+    if (st == ENG_STATUS_OK) st = trn_frozen_features(c, gt);
     if (st == ENG_STATUS_OK) st = trn_replicas_new(c, gt);
     eng_graph_free(&gt);
     if (st == ENG_STATUS_OK && c->R > 1) st = eng_comm_new_threads(c->R, &c->comm);
@@ -373,7 +377,7 @@ static eng_status build(trn_ctx *c) {
     free(sizes);
     ENG_TRY(st);
     eng_loader_opts lo = {.batch_size = o->batch_size, .shuffle = !o->no_shuffle, .seed = o->seed, .drop_remainder = 0, .prefetch = 2};
-    ENG_TRY(eng_loader_new(c->train, &lo, &c->loader));
+    ENG_TRY(eng_loader_new(c->ftrain ? c->ftrain : c->train, &lo, &c->loader));
     c->steps_per_epoch = eng_loader_steps_per_epoch(c->loader);
 
     uint64_t fp = 0x74656e736f7264ull;
@@ -665,6 +669,12 @@ static void ctx_free(trn_ctx *c) {
     eng_loader_free(&c->loader);
     eng_dataset_free(&c->train);
     eng_dataset_free(&c->val);
+    if (c->ftrain) { /* the frozen features' feed map is its own (names included) */
+        for (int i = 0; i < c->feed_train.n; i++) free((char *)c->feed_train.names[i]);
+        free(c->feed_train.names);
+        free(c->feed_train.col);
+    }
+    eng_dataset_free(&c->ftrain);
     for (int i = 0; c->params && i < c->nparams; i++) {
         free(c->params[i].name);
         eng_free(c->params[i].w);

@@ -113,6 +113,8 @@ typedef struct eng_train_opts {
     int64_t max_steps;             /* stop after this many updates (0: no limit); for tests and golden checks */
     int no_shuffle;                /* 1: batches in the data's order every epoch (Keras fit(shuffle=False)); 0: a
                                     * new order per epoch from `seed` */
+    int no_cache_frozen;           /* 1: with --freeze, run the frozen layers every step instead of computing their
+                                    * features once per example before the first step (train-frozen.c) */
     int64_t replace_head;          /* > 0: the classifier producing the first output is replaced by a new one with
                                     * this many classes (Glorot uniform kernel, zero bias, from `seed`) before
                                     * training; the new version keeps it (train-head.c) */

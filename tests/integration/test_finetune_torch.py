@@ -185,6 +185,7 @@ def test_head_only_keeps_frozen_batchnorm_statistics(tensord_bin, tmp_path):
     rel = max_rel(ours, theirs)
     print(f"head only: 10 losses {ours[0]:.5f} .. {ours[-1]:.5f}, max relative difference to PyTorch {rel:.1e}")
     assert rel <= 1e-4, f"tensord {ours}\nPyTorch {theirs}"
+    assert m["frozen_features"]["cached"] is True, m["frozen_features"]  # one epoch: the backbone ran once
     a, b = inits(base / "1" / "model.onnx"), inits(base / "2" / "model.onnx")
     for k in a:
         if k.startswith("head."):
