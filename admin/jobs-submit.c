@@ -19,7 +19,7 @@ static const char *const job_keys[] = {
     "model", "base_version", "dataset", "val_dataset", "val_split", "epochs", "batch_size", "optimizer",
     "learning_rate", "momentum", "nesterov", "weight_decay", "clipnorm", "schedule", "loss", "from_logits", "freeze",
     "early_stopping", "devices", "precision", "threads", "seed", "on_complete", "checkpoint_every", "max_steps", "kind",
-    "loss_scale", "loss_scale_growth_steps", "shuffle", "cache_frozen", NULL};
+    "loss_scale", "loss_scale_growth_steps", "shuffle", "cache_frozen", "recompute", NULL};
 /* A quantize job ("kind": "quantize": tensord quantize as the worker) takes these. */
 static const char *const quant_keys[] = {"kind", "model", "base_version", "dataset", "val_dataset", "method",
                                          "per_channel", "exclude", "threads", "on_complete", NULL};
@@ -249,6 +249,8 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
         return srv_err(err, SRV_INVALID_ARGUMENT, "\"shuffle\" must be true or false");
     if ((f = cJSON_GetObjectItemCaseSensitive(b, "cache_frozen")) && !cJSON_IsBool(f))
         return srv_err(err, SRV_INVALID_ARGUMENT, "\"cache_frozen\" must be true or false");
+    if ((f = cJSON_GetObjectItemCaseSensitive(b, "recompute")) && !cJSON_IsBool(f))
+        return srv_err(err, SRV_INVALID_ARGUMENT, "\"recompute\" must be true or false");
     if ((f = cJSON_GetObjectItemCaseSensitive(b, "freeze"))) {
         const cJSON *e;
         if (!cJSON_IsArray(f)) return srv_err(err, SRV_INVALID_ARGUMENT, "\"freeze\" must be a list of name prefixes");
@@ -394,7 +396,7 @@ char *job_worker_file(adm_jobs *j, const adm_job_rec *r, int resume, srv_error *
         static const char *const pass[] = {"val_split", "epochs", "batch_size", "optimizer", "learning_rate", "momentum",
                                            "nesterov", "weight_decay", "clipnorm", "schedule", "loss", "from_logits",
                                            "freeze", "early_stopping", "threads", "seed", "max_steps", "shuffle",
-                                           "cache_frozen", "loss_scale", "loss_scale_growth_steps", NULL};
+                                           "cache_frozen", "recompute", "loss_scale", "loss_scale_growth_steps", NULL};
         for (int i = 0; pass[i]; i++) copy_item(w, spec, pass[i]);
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(spec, "precision");
         cJSON_AddStringToObject(w, "precision", cJSON_IsString(pr) ? pr->valuestring : "fp32");

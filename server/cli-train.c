@@ -62,7 +62,7 @@ static void train_usage(FILE *f) {
             "         --loss sparse_categorical_crossentropy|categorical_crossentropy|binary_crossentropy|mse|cosine_similarity\n"
             "         [--from-logits true|false] [--shuffle true|false] [--val-split 0.1] [--freeze PREFIX]... [--cache-frozen true|false]\n"
             "         [--threads T] [--replicas R] [--resume] [--checkpoint-every K] [--seed S] [--early-stopping-patience P]\n"
-            "         [--monitor val_loss|val_accuracy|loss|accuracy] [--keep-best] [--max-steps N] [--precision fp32|mixed_bf16|mixed_fp16]\n"
+            "         [--monitor val_loss|val_accuracy|loss|accuracy] [--keep-best] [--recompute] [--max-steps N] [--precision fp32|mixed_bf16|mixed_fp16]\n"
             "         [--loss-scale none|dynamic|SCALE] [--loss-scale-growth-steps N] [--replace-head CLASSES]\n"
             "         [--devices cpu|cuda:N[,cuda:M...]] [--no-progress]\n"
             "       tensord train --job FILE   (JSON job file; JSON lines on stdout: start, step, epoch, done|cancelled|error)\n");
@@ -73,7 +73,7 @@ static void train_usage(FILE *f) {
 typedef enum train_id {
     T_MODEL_BASE_PATH, T_BASE_VERSION, T_NEW_VERSION, T_DATA, T_VAL_DATA, T_VAL_SPLIT, T_EPOCHS, T_BATCH_SIZE,
     T_OPTIMIZER, T_LR, T_MOMENTUM, T_NESTEROV, T_WEIGHT_DECAY, T_CLIPNORM, T_ACCUM_STEPS, T_SCHEDULE, T_WARMUP_STEPS,
-    T_STEP_SIZE, T_GAMMA, T_DECAY_STEPS, T_MIN_LR, T_LOSS, T_FROM_LOGITS, T_SHUFFLE, T_CACHE_FROZEN, T_FREEZE, T_THREADS, T_REPLICAS, T_RESUME,
+    T_STEP_SIZE, T_GAMMA, T_DECAY_STEPS, T_MIN_LR, T_LOSS, T_FROM_LOGITS, T_SHUFFLE, T_CACHE_FROZEN, T_RECOMPUTE, T_FREEZE, T_THREADS, T_REPLICAS, T_RESUME,
     T_CHECKPOINT_EVERY, T_SEED, T_PATIENCE, T_MONITOR, T_KEEP_BEST, T_MAX_STEPS, T_PRECISION, T_LOSS_SCALE,
     T_LOSS_SCALE_GROWTH, T_REPLACE_HEAD, T_DEVICES,
     T_NO_PROGRESS, T_JOB_ID, T_COUNT
@@ -131,6 +131,7 @@ static const train_opt train_table[] = {
     {T_MAX_STEPS, "--max-steps", "max_steps", J_INT, F_VALUE, 0, 0, LLONG_MAX},
     {T_SHUFFLE, "--shuffle", "shuffle", J_BOOL, F_VALUE, 0, NOLIM},
     {T_CACHE_FROZEN, "--cache-frozen", "cache_frozen", J_BOOL, F_VALUE, 0, NOLIM},
+    {T_RECOMPUTE, "--recompute", "recompute", J_BOOL, F_SWITCH, 0, NOLIM},
     {T_PRECISION, "--precision", "precision", J_STR, F_VALUE, REQ_JOB, NOLIM},
     {T_LOSS_SCALE, "--loss-scale", "loss_scale", J_STR_NUM, F_VALUE, 0, NOLIM},
     {T_LOSS_SCALE_GROWTH, "--loss-scale-growth-steps", "loss_scale_growth_steps", J_INT, F_VALUE, 0, 1, LLONG_MAX},
@@ -320,6 +321,10 @@ static int train_set(train_args *a, const train_opt *t, const char *name, const 
     case T_SHUFFLE:
         if (parse_bool(name, v, 0, &b, err, n)) return -1;
         o->no_shuffle = !b;
+        return 0;
+    case T_RECOMPUTE:
+        if (parse_bool(name, v, 0, &b, err, n)) return -1;
+        o->recompute = b;
         return 0;
     case T_CACHE_FROZEN:
         if (parse_bool(name, v, 0, &b, err, n)) return -1;

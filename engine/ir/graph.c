@@ -419,6 +419,29 @@ static void eng_subgraph_deps(const eng_graph *g, const eng_name_index *ix, cons
     }
 }
 
+/* A binary min-heap of node indices in h[0..*n). */
+static void heap_push(int *h, int *n, int v) {
+    int i = (*n)++;
+    while (i > 0 && h[(i - 1) / 2] > v) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = v;
+}
+
+static void heap_pop(int *h, int *n) {
+    int v = h[--*n], i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && h[c + 1] < h[c]) c++;
+        if (h[c] >= v) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0) h[i] = v;
+}
+
 eng_status eng_graph_topo_order(const eng_graph *g, int *order) {
     if (!g || (!order && g->nnodes)) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "topo order: NULL graph or order");
     int nn = g->nnodes, nv = g->nvalues;
@@ -503,15 +526,18 @@ eng_status eng_graph_topo_order(const eng_graph *g, int *order) {
         indeg[i] = dep_start[i + 1] - dep_start[i];
         for (int p = dep_start[i]; p < dep_start[i + 1]; p++) users[users_start[deps[p]] + fill[deps[p]]++] = i;
     }
-    /* Kahn's algorithm; FIFO seeded in node order keeps ONNX's order when it is already valid */
-    int head = 0, tail = 0, done = 0;
+    /* Kahn's algorithm, always taking the lowest-numbered ready node (queue is a min-heap): the node list's own
+     * order when it is already topological (ONNX's; the backward pass in autodiff's order, recomputed activations
+     * where they were placed), so the memory plan sees the lifetimes that order gives */
+    int tail = 0, done = 0;
     for (int i = 0; i < nn; i++)
-        if (indeg[i] == 0) queue[tail++] = i;
-    while (head < tail) {
-        int i = queue[head++];
+        if (indeg[i] == 0) queue[tail++] = i; /* ascending: already a heap */
+    while (tail > 0) {
+        int i = queue[0];
         order[done++] = i;
+        heap_pop(queue, &tail);
         for (int p = users_start[i]; p < users_start[i + 1]; p++)
-            if (--indeg[users[p]] == 0) queue[tail++] = users[p];
+            if (--indeg[users[p]] == 0) heap_push(queue, &tail, users[p]);
     }
     if (done < nn) {
         int bad = 0;

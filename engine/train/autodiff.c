@@ -476,6 +476,7 @@ static eng_status ad_train_dropout(eng_graph *g, int ni) {
     if (g->opset < 12) ratio = eng_node_attr_float(n, "ratio", 0.5f);
     else if (n->nin > 1 && n->inputs[1] >= 0 && !ad_const_value(g, n->inputs[1], &ratio))
         return eng_err(ENG_STATUS_UNSUPPORTED, "set_training: Dropout '%s' has a non-constant ratio", n->name);
+    if (ratio == 0) return ENG_STATUS_OK; /* the identity in training too (p=0 layers): no mask, nothing random */
     int64_t seed = eng_node_attr(n, "seed") ? eng_node_attr_int(n, "seed", 0) : 0x5eed + 7919 * (int64_t)ni;
     ENG_TRY(ad_grow_outputs(g, ni, 2));
     n = &g->nodes[ni];

@@ -31,7 +31,7 @@ typedef struct eng_grad_spec {
 eng_status eng_autodiff(eng_graph *g, const eng_grad_spec *spec);
 
 /* Switch the forward graph to training behaviour in place: Dropout gets training_mode=true (a seeded random
- * mask per run), BatchNormalization computes batch statistics and exposes its updated running mean/var as
+ * mask per run; a Dropout of constant ratio 0 stays the identity), BatchNormalization computes batch statistics and exposes its updated running mean/var as
  * graph outputs named "bn_update/<running_mean initializer>" and "bn_update/<running_var initializer>"
  * (momentum as the node's attribute; Keras/ONNX convention: running = momentum*running + (1-momentum)*batch).
  * A BatchNormalization whose scale and bias are both frozen (their names start with a freeze prefix) runs in

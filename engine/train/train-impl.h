@@ -21,6 +21,7 @@
 #include "tfevents.h"
 #include "train.h"
 #include "loss-scale.h"
+#include "recompute.h"
 
 typedef struct trn_param {
     char *name;
@@ -144,6 +145,7 @@ typedef struct trn_ctx {
     trn_feedmap feed_train; /* the training graph's: feed_eval, or (frozen features) columns of ftrain (owned) */
     eng_dataset *ftrain;    /* frozen features: the training data the loader reads (NULL: c->train) */
     trn_frozen frozen;
+    eng_recompute_stats recompute; /* --recompute: what the rewrite did */
     eng_loader *loader;
     int64_t steps_per_epoch;
     /* sessions */

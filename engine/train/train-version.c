@@ -103,6 +103,17 @@ char *trn_metrics_json(const trn_ctx *c) {
     cJSON_AddBoolToObject(s, "shuffle", !o->no_shuffle);
     cJSON_AddNumberToObject(s, "replace_head", (double)o->replace_head);
     cJSON_AddBoolToObject(s, "cache_frozen", !o->no_cache_frozen);
+    cJSON_AddBoolToObject(s, "recompute", o->recompute);
+    if (o->recompute) {
+        cJSON *rc = cJSON_AddObjectToObject(root, "recompute");
+        cJSON_AddNumberToObject(rc, "segments", c->recompute.segments);
+        cJSON_AddNumberToObject(rc, "nodes", c->recompute.nodes);
+    }
+    if (c->reps && c->reps[0].s) { /* the training plan's activation memory (one replica, its last step's plan) */
+        eng_plan_stats ps;
+        eng_session_last_stats(c->reps[0].s, &ps);
+        cJSON_AddNumberToObject(root, "activations_mib", (double)ps.arena_bytes / 1048576.0);
+    }
     if (o->nfreeze > 0) { /* the frozen layers: computed once per example, or every step and why */
         cJSON *fz = cJSON_AddObjectToObject(root, "frozen_features");
         cJSON_AddBoolToObject(fz, "cached", c->frozen.cached);

@@ -289,7 +289,9 @@ static eng_status build(trn_ctx *c) {
     if (st == ENG_STATUS_OK) {
         eng_grad_spec gs = {.loss = c->loss_name, .params = tn, .nparams = ntn,
                             .loss_scale = c->ls.mode != ENG_LOSS_SCALE_NONE ? TRN_LOSS_SCALE_INPUT : NULL};
+        int nfwd = gt->nnodes;
         st = eng_autodiff(gt, &gs);
+        if (st == ENG_STATUS_OK && o->recompute) st = eng_graph_recompute(gt, nfwd, &c->recompute);
     }
     free(tn);
     for (int i = 0; st == ENG_STATUS_OK && i < c->nparams; i++) st = ensure_input(gt, c->params[i].name);

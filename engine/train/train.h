@@ -109,6 +109,8 @@ typedef struct eng_train_opts {
     int early_stopping_patience;   /* epochs without improvement of `monitor`; 0: off */
     const char *monitor;           /* "val_loss" (default) or "val_accuracy", "loss", "accuracy" */
     int keep_best;                 /* write the best epoch's weights (by monitor) instead of the last */
+    int recompute;                 /* gradient checkpointing: the backward pass recomputes the forward activations
+                                    * it reads, segment by segment, instead of keeping them (recompute.c) */
     int progress;                  /* progress bar on stderr */
     int64_t max_steps;             /* stop after this many updates (0: no limit); for tests and golden checks */
     int no_shuffle;                /* 1: batches in the data's order every epoch (Keras fit(shuffle=False)); 0: a

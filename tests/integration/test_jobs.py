@@ -285,6 +285,7 @@ def test_bad_submissions_are_refused_up_front(tmp_path):
             ({**ok, "precision": "bf17"}, 400, ["bf17"]),
             ({**ok, "loss_scale": "huge"}, 400, ["loss_scale"]),
             ({**ok, "cache_frozen": "yes"}, 400, ["cache_frozen"]),
+            ({**ok, "recompute": 1}, 400, ["recompute"]),
             ({**ok, "loss_scale": -4}, 400, ["loss_scale"]),
             ({**ok, "loss_scale_growth_steps": 0.5}, 400, ["loss_scale_growth_steps"]),
             ({**ok, "base_version": 7}, 404, ["7"]),
