@@ -145,6 +145,14 @@ static void compare_rows(const eng_tensor *a, int64_t a0, const eng_tensor *b, i
     }
 }
 
+/* Does a run's output t of rows examples hold one row per example? If not, says so in c->frozen.why. */
+static int row_major(trn_ctx *c, const char *vn, const eng_tensor *t, int64_t rows) {
+    if (t->ndim >= 1 && t->dims[0] == rows) return 1;
+    fz_why(c, "frozen value '%s' does not hold one row per example (first dim %lld)", vn,
+           t->ndim < 1 ? 0LL : (long long)t->dims[0]);
+    return 0;
+}
+
 /* Rows [from, from + rows) of out into rows [to, to + rows) of column i. */
 static eng_status store_rows(eng_dataset *fd, int i, const eng_tensor *out, int64_t from, int64_t to, int64_t rows) {
     const eng_tensor *t = &fd->cols[i].t;
@@ -182,11 +190,7 @@ static eng_status compute(trn_ctx *c, eng_graph *gf, int nin, const char **names
     double bytes = 0;
     for (int i = 0; st == ENG_STATUS_OK && i < nout; i++) {
         const char *vn = g->values[g->outputs[i]].name;
-        if (outs[i].ndim < 1 || outs[i].dims[0] != a) {
-            fz_why(c, "frozen value '%s' does not hold one row per example (first dim %lld)", vn,
-                   outs[i].ndim < 1 ? 0LL : (long long)outs[i].dims[0]);
-            goto done;
-        }
+        if (!row_major(c, vn, &outs[i], a)) goto done;
         first[i] = outs[i];
         first[i].data = NULL;
         size_t nb = 0;
@@ -209,11 +213,7 @@ static eng_status compute(trn_ctx *c, eng_graph *gf, int nin, const char **names
     for (int i = 0; st == ENG_STATUS_OK && a >= 2 && i < nout; i++) {
         const char *vn = g->values[g->outputs[i]].name;
         double mag, diff;
-        if (outs[i].ndim < 1 || outs[i].dims[0] != m) {
-            fz_why(c, "frozen value '%s' does not hold one row per example (first dim %lld)", vn,
-                   outs[i].ndim < 1 ? 0LL : (long long)outs[i].dims[0]);
-            goto done;
-        }
+        if (!row_major(c, vn, &outs[i], m)) goto done;
         compare_rows(&first[i], h, &outs[i], 0, a - h, &mag, &diff);
         if (!(diff <= FZ_TOL * (mag > 1e-30 ? mag : 1e-30))) {
             fz_why(c, "the frozen layers mix examples: value '%s' moves by %.3g (largest value %.3g) when the batch "
