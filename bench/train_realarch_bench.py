@@ -3,6 +3,7 @@
 same architectures, measured in the same run, alternating.
 
     .venv/bin/python bench/train_realarch_bench.py [--models a,b] [--rounds 2] [--threads 2] [--no-keras] [--save]
+    .venv/bin/python bench/train_realarch_bench.py --numerics [--models a,b] [--save]   (the numerical checks only)
 
 Models (bench/train_realarch_models.py builds and exports them from torch/torchvision; nothing is downloaded):
 torchvision ResNet-18 and MobileNetV2 at 64x64, EfficientNet-B0 at 96x96, the BERT-base-shaped encoder at sequence
@@ -28,9 +29,12 @@ tensord's metrics.json (peak_rss_mib), the PyTorch and Keras workers' getrusage.
 Loss agreement: before timing, each model trains 10 steps in file order (tensord --shuffle false --max-steps 10;
 SGD lr 1e-3, the model's batch size, every parameter) on both sides from the same weights and data; the table shows the largest
 relative difference of the 10 losses (bar 1e-4), and beside it how far PyTorch's own losses move between 1 thread
-and --threads threads: float32 rounding alone, amplified where a BatchNorm normalises a channel of near-constant
-values (small batches, 2x2 maps), can move a loss by more than the bar, so that spread is the floor any float32
-implementation can be held to.
+and --threads threads: float32 rounding alone can move a loss by more than the bar, so that spread is the floor any
+float32 implementation can be held to. (On torchvision's MobileNetV2 at 64x64, one of the last layer's 327,680
+ReLU6 inputs lies within float32 rounding of 0, so float32 and float64 put it on opposite sides of the kink; that one
+flip moves the step-0 gradient by 0.7%, and the losses apart within 3 SGD steps, on PyTorch as on tensord.) --numerics goes further and times nothing: the same 10 losses against PyTorch in
+float64 too, and every parameter's step-0 gradient against PyTorch's float64 one (tensord's read back from one SGD
+step of lr 1e6), beside PyTorch float32's own error (bench/results/training-realarch-numerics-cpu.md).
 
 Keras (TensorFlow-CPU from bench/requirements.txt) has the models it defines itself: keras.applications
 MobileNetV2 and EfficientNetB0 (weights=None, classes 10, no softmax) and ResNet-18 written here in Keras layers;
@@ -58,42 +62,99 @@ MODELS = {
     "resnet18": (512, 64, "resnet18"),
     "mobilenet_v2": (512, 64, "mobilenet_v2"),
     "efficientnet_b0": (256, 64, "efficientnet_b0"),
-    "bert_base": (64, 16, None),
-    "vit_tiny": (64, 16, None),
-    "resnet_small": (2048, 64, None),
-    "transformer_enc": (1024, 64, None),
+    "bert_base": (64, 16, "bert_base"),
+    "vit_tiny": (64, 16, "vit_tiny"),
+    "resnet_small": (2048, 64, "resnet_small"),
+    "transformer_enc": (1024, 64, "transformer_enc"),
 }
 LOSS_STEPS, LOSS_LR = 10, 0.001
 
 
 # ---- the Keras side (this file, run as a worker in the virtualenv) ----
-def keras_model(name):
-    import keras
+def keras_transformer(x, d, heads, ffn, layers_n, eps, pre_norm, mask=None):
+    """The encoder stack as the PyTorch side builds it: post-norm (BERT, nn.TransformerEncoderLayer) or pre-norm
+    (torchvision's ViT) layers of multi-head self-attention and a GELU (erf) MLP, dropout 0."""
     from keras import layers
+    for _ in range(layers_n):
+        h = layers.LayerNormalization(epsilon=eps)(x) if pre_norm else x
+        a = layers.MultiHeadAttention(heads, d // heads)(h, h, attention_mask=mask)
+        x = layers.Add()([x, a])
+        x = x if pre_norm else layers.LayerNormalization(epsilon=eps)(x)
+        h = layers.LayerNormalization(epsilon=eps)(x) if pre_norm else x
+        x = layers.Add()([x, layers.Dense(d)(layers.Dense(ffn, activation="gelu")(h))])
+        x = x if pre_norm else layers.LayerNormalization(epsilon=eps)(x)
+    return x
+
+
+def keras_model(name):
+    """(model, names of its head's layers): keras.applications where Keras defines the model, else the PyTorch
+    side's architecture written in Keras layers."""
+    import keras
+    from keras import layers, ops
+
+    class AddPosition(layers.Layer):  # a learned [seq, d] table added to every example (BERT, ViT, the zoo encoder)
+        def build(self, shape):
+            self.pos = self.add_weight(shape=tuple(shape[1:]), initializer=keras.initializers.RandomNormal(0, 0.02))
+
+        def call(self, x):
+            return x + self.pos
+
+    class ClassToken(layers.Layer):  # ViT's learned class token, prepended
+        def build(self, shape):
+            self.cls = self.add_weight(shape=(1, 1, shape[-1]), initializer="zeros")
+
+        def call(self, x):
+            return ops.concatenate([ops.broadcast_to(self.cls, (ops.shape(x)[0], 1, x.shape[-1])), x], axis=1)
+
     if name == "mobilenet_v2":
         return keras.applications.MobileNetV2(input_shape=(64, 64, 3), weights=None, classes=10,
-                                              classifier_activation=None), "predictions"
+                                              classifier_activation=None), ("predictions",)
     if name == "efficientnet_b0":
         return keras.applications.EfficientNetB0(input_shape=(96, 96, 3), weights=None, classes=10,
-                                                 classifier_activation=None), "predictions"
-    # torchvision's ResNet-18 in Keras layers (NHWC)
-    def bn(x):
-        return layers.BatchNormalization(epsilon=1e-5, momentum=0.9)(x)
+                                                 classifier_activation=None), ("predictions",)
+    if name == "bert_base":
+        tok, am = keras.Input((128,), dtype="int64"), keras.Input((128,), dtype="int64")
+        mask = layers.Lambda(lambda m: ops.cast(m[:, None, :], "bool"))(am)
+        x = layers.LayerNormalization(epsilon=1e-12)(AddPosition()(layers.Embedding(30522, 768)(tok)))
+        x = keras_transformer(x, 768, 12, 3072, 12, 1e-12, False, mask)
+        x = layers.Dense(768, activation="tanh", name="pooler")(x[:, 0])
+        return keras.Model([tok, am], layers.Dense(2, name="classifier")(x)), ("pooler", "classifier")
+    if name == "transformer_enc":
+        tok = keras.Input((128,), dtype="int64")
+        x = layers.LayerNormalization(epsilon=1e-5)(AddPosition()(layers.Embedding(1000, 128)(tok)))
+        x = keras_transformer(x, 128, 4, 512, 2, 1e-5, False)
+        return keras.Model(tok, layers.Dense(2, name="head")(layers.GlobalAveragePooling1D()(x))), ("head",)
+    if name == "vit_tiny":
+        inp = keras.Input((224, 224, 3))
+        x = layers.Reshape((196, 192))(layers.Conv2D(192, 16, 16)(inp))
+        x = AddPosition()(ClassToken()(x))
+        x = layers.LayerNormalization(epsilon=1e-6)(keras_transformer(x, 192, 3, 768, 12, 1e-6, True))
+        return keras.Model(inp, layers.Dense(10, name="heads")(x[:, 0])), ("heads",)
 
-    def block(x, c, s):
-        y = layers.ReLU()(bn(layers.Conv2D(c, 3, s, padding="same", use_bias=False)(x)))
-        y = bn(layers.Conv2D(c, 3, 1, padding="same", use_bias=False)(y))
+    # torchvision's ResNet-18, or the zoo's resnet-small, in Keras layers (NHWC)
+    def bn(x, eps):
+        return layers.BatchNormalization(epsilon=eps, momentum=0.9)(x)
+
+    def block(x, c, s, eps):
+        y = layers.ReLU()(bn(layers.Conv2D(c, 3, s, padding="same", use_bias=False)(x), eps))
+        y = bn(layers.Conv2D(c, 3, 1, padding="same", use_bias=False)(y), eps)
         if s != 1 or x.shape[-1] != c:
-            x = bn(layers.Conv2D(c, 1, s, use_bias=False)(x))
+            x = bn(layers.Conv2D(c, 1, s, use_bias=False)(x), eps)
         return layers.ReLU()(layers.Add()([x, y]))
 
+    if name == "resnet_small":
+        inp = keras.Input((32, 32, 3))
+        x = layers.ReLU()(bn(layers.Conv2D(16, 3, 1, padding="same", use_bias=False)(inp), 1e-3))
+        for i, c in enumerate((16, 32, 64)):
+            x = block(block(x, c, 1 if i == 0 else 2, 1e-3), c, 1, 1e-3)
+        return keras.Model(inp, layers.Dense(10, name="head")(layers.GlobalAveragePooling2D()(x))), ("head",)
     inp = keras.Input((64, 64, 3))
-    x = layers.ReLU()(bn(layers.Conv2D(64, 7, 2, padding="same", use_bias=False)(inp)))
+    x = layers.ReLU()(bn(layers.Conv2D(64, 7, 2, padding="same", use_bias=False)(inp), 1e-5))
     x = layers.MaxPooling2D(3, 2, padding="same")(x)
     for i, c in enumerate((64, 128, 256, 512)):
-        x = block(block(x, c, 1 if i == 0 else 2), c, 1)
+        x = block(block(x, c, 1 if i == 0 else 2, 1e-5), c, 1, 1e-5)
     x = layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inp, layers.Dense(10, name="fc")(x)), "fc"
+    return keras.Model(inp, layers.Dense(10, name="fc")(x)), ("fc",)
 
 
 def keras_worker(name, data, batch, threads, mode):
@@ -106,11 +167,14 @@ def keras_worker(name, data, batch, threads, mode):
     model, head = keras_model(name)
     if mode == "head":
         for layer in model.layers:
-            layer.trainable = layer.name == head
+            layer.trainable = layer.name in head
     model.compile(optimizer=keras.optimizers.Adam(1e-3, epsilon=1e-7),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     d = np.load(data)
-    x = np.ascontiguousarray(d["x"].transpose(0, 2, 3, 1))
+    # the PyTorch side's inputs, in order; images NCHW -> NHWC
+    x = [np.ascontiguousarray(d[k].transpose(0, 2, 3, 1)) if d[k].ndim == 4 else d[k]
+         for k in d.files if k != "label"]
+    x = x[0] if len(x) == 1 else x
     y = d["label"]
 
     class Timer(keras.callbacks.Callback):
@@ -121,13 +185,13 @@ def keras_worker(name, data, batch, threads, mode):
 
         def on_epoch_end(self, epoch, logs=None):
             dt = time.perf_counter() - self.t0
-            self.eps, self.loss, self.job = len(x) / dt, logs["loss"], self.job + dt
+            self.eps, self.loss, self.job = len(y) / dt, logs["loss"], self.job + dt
 
     t = Timer()
     model.fit(x, y, batch_size=batch, epochs=2, shuffle=True, verbose=0, callbacks=[t])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"eps": t.eps, "job_eps": 2 * len(x) / t.job, "loss": t.loss, "rss_mib": rss,
-                      "tf": tf.__version__}))
+    print(json.dumps({"eps": t.eps, "job_eps": 2 * len(y) / t.job, "loss": t.loss, "rss_mib": rss,
+                      "params": model.count_params(), "tf": tf.__version__}))
 
 
 # ---- the driver ----
@@ -185,10 +249,90 @@ def keras_train(a, kname, data, batch, mode):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def torch_losses(a, name, data, batch, threads):
+def torch_losses(a, name, data, batch, threads, dtype="float32"):
     out = run([a.torch_python, TORCH_MODELS, "losses", name, os.path.join(a.cache, name), data, str(batch),
-               str(threads), f"sgd:{LOSS_LR}:0", "float32"], f"PyTorch {name} (losses)")
+               str(threads), f"sgd:{LOSS_LR}:0", dtype], f"PyTorch {name} (losses, {dtype})")
     return json.loads(out.strip().splitlines()[-1])["losses"]
+
+
+GRAD_LR = 1e6  # one SGD step this long: w1 = w0 - lr*g, so (w0 - w1) / lr is g to float32's last bits
+
+
+def onnx_weights(path):
+    import onnx
+    from onnx import numpy_helper
+    return {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+
+
+def match_params(w0, torch_w):
+    """{PyTorch parameter: (ONNX initializer, transposed)}: the same name, or else the initializer that holds the
+    same values transposed (torch.onnx writes a Linear's weight that a MatMul reads as onnx::MatMul_N = W^T)."""
+    out, spare = {}, [k for k in w0 if k not in torch_w]
+    for n, w in torch_w.items():
+        if n in w0 and w0[n].shape == w.shape:
+            out[n] = (n, False)
+            continue
+        for k in spare:
+            if w.ndim == 2 and w0[k].shape == w.T.shape and np.array_equal(w0[k], w.T):
+                out[n] = (k, True)
+                spare.remove(k)
+                break
+    return out
+
+
+def grad_errors(a, name, spec, base, ldata, batch, tmp, version):
+    """Step-0 gradients against PyTorch's float64 ones: the relative error (2-norm over every compared parameter)
+    of tensord's (one SGD step of GRAD_LR, from the weights it wrote) and of PyTorch's float32 ones."""
+    gpath = os.path.join(tmp, "grads.npz")
+    run([a.torch_python, TORCH_MODELS, "grads", name, os.path.join(a.cache, name), ldata, str(batch), str(a.threads),
+         gpath], f"PyTorch {name} (gradients)")
+    t = np.load(gpath)
+    tensord_train(a, base, ldata, batch, "full", spec, version,
+                  ["--epochs", "1", "--shuffle", "false", "--max-steps", "1", "--optimizer", "sgd", "--lr",
+                   str(GRAD_LR)])
+    w0 = onnx_weights(os.path.join(base, "1", "model.onnx"))
+    w1 = onnx_weights(os.path.join(base, str(version), "model.onnx"))
+    names = [k[2:] for k in t.files if k.startswith("w/")]
+    match = match_params(w0, {n: t["w/" + n] for n in names})
+    ref = td = pt = 0.0
+    for n, (k, tr) in match.items():
+        g = (w0[k].astype(np.float64) - w1[k].astype(np.float64)) / GRAD_LR
+        r = t["f64/" + n]
+        ref += float((r * r).sum())
+        td += float((((g.T if tr else g) - r) ** 2).sum())
+        pt += float(((t["f32/" + n] - r) ** 2).sum())
+    return {"grad_td": (td / ref) ** 0.5, "grad_pt": (pt / ref) ** 0.5, "params": len(match), "of": len(names)}
+
+
+def numerics(a, name, spec, base, ldata, batch, tmp, version, full):
+    """The first 10 steps' losses from the same weights and data, in file order (SGD, every parameter), tensord vs
+    PyTorch float32 at --threads and at 1 thread; with full, also against PyTorch in float64, and the step-0
+    gradients (grad_errors)."""
+    m = tensord_train(a, base, ldata, batch, "full", spec, version,
+                      ["--epochs", "1", "--shuffle", "false", "--max-steps", str(LOSS_STEPS), "--optimizer", "sgd",
+                       "--lr", str(LOSS_LR)])
+    ours = [s["loss"] for s in m["steps"]][:LOSS_STEPS]
+    theirs = {t: torch_losses(a, name, ldata, batch, t) for t in sorted({a.threads, 1})}
+    r = {"rel": max_rel(ours, theirs[a.threads]), "floor": max_rel(theirs[1], theirs[a.threads])}
+    msg = (f"{name}: first {LOSS_STEPS} losses tensord {ours[0]:.6f} .. {ours[-1]:.6f}, PyTorch "
+           f"{theirs[a.threads][0]:.6f} .. {theirs[a.threads][-1]:.6f}: max relative difference {r['rel']:.1e} "
+           f"(PyTorch 1 vs {a.threads} threads: {r['floor']:.1e})")
+    if full:
+        f64 = torch_losses(a, name, ldata, batch, a.threads, "float64")
+        r.update(td64=max_rel(ours, f64), pt64=max_rel(theirs[a.threads], f64),
+                 steps=next((i for i, (x, y) in enumerate(zip(ours, theirs[a.threads]))
+                             if abs(x - y) > 1e-4 * abs(y)), len(ours)))
+        r.update(grad_errors(a, name, spec, base, ldata, batch, tmp, version + 1))
+        msg += (f"; vs PyTorch float64: tensord {r['td64']:.1e}, PyTorch float32 {r['pt64']:.1e}; step-0 gradient "
+                f"error vs float64: tensord {r['grad_td']:.1e}, PyTorch float32 {r['grad_pt']:.1e} "
+                f"({r['params']} of {r['of']} parameters)")
+    print(msg, flush=True)
+    return r
+
+
+def numerics_row(name, batch, r):
+    return (f"| {name} | {batch} | {r['rel']:.1e} | {r['floor']:.1e} | {r['steps']} | {r['td64']:.1e} | "
+            f"{r['pt64']:.1e} | {r['grad_td']:.1e} | {r['grad_pt']:.1e} | {r['params']} / {r['of']} |")
 
 
 def tensord_job_eps(m, n):
@@ -219,10 +363,13 @@ def main():
     p.add_argument("--bin", default=os.environ.get("TENSORD_BIN", os.path.join(ROOT, "build", "tensord")))
     p.add_argument("--torch-python", default="/usr/bin/python3")
     p.add_argument("--cache", default=os.path.join(ROOT, "build", "train-realarch"))
+    p.add_argument("--numerics", action="store_true",
+                   help="only the numerical checks, deeper: losses and step-0 gradients against PyTorch in float64 too "
+                        "(--save: bench/results/training-realarch-numerics-cpu.md)")
     p.add_argument("--save", action="store_true", help="write bench/results/training-realarch-cpu.md")
     a = p.parse_args()
     t_start, load0 = time.perf_counter(), os.getloadavg()[0]
-    rows, notes, versions = [], [], {}
+    rows, notes, versions, numrows = [], [], {}, []
     for name in a.models.split(","):
         n, batch, kname = MODELS[name]
         spec = export(a, name, a.cache)
@@ -235,18 +382,12 @@ def main():
             make_data(spec, n, data, 0)
             make_data(spec, LOSS_STEPS * batch, ldata, 1)
             version = 2
-            # the first 10 steps' losses from the same weights and data, in file order
-            m = tensord_train(a, base, ldata, batch, "full", spec, version,
-                              ["--epochs", "1", "--shuffle", "false", "--max-steps", str(LOSS_STEPS), "--optimizer",
-                               "sgd", "--lr", str(LOSS_LR)])
-            version += 1
-            ours = [s["loss"] for s in m["steps"]][:LOSS_STEPS]
-            theirs = {t: torch_losses(a, name, ldata, batch, t) for t in sorted({a.threads, 1})}
-            rel = max_rel(ours, theirs[a.threads])
-            floor = max_rel(theirs[1], theirs[a.threads])
-            print(f"{name}: first {LOSS_STEPS} losses tensord {ours[0]:.6f} .. {ours[-1]:.6f}, PyTorch "
-                  f"{theirs[a.threads][0]:.6f} .. {theirs[a.threads][-1]:.6f}: max relative difference {rel:.1e} "
-                  f"(PyTorch 1 vs {a.threads} threads: {floor:.1e})", flush=True)
+            nm = numerics(a, name, spec, base, ldata, batch, tmp, version, a.numerics)
+            version += 2
+            rel, floor = nm["rel"], nm["floor"]
+            if a.numerics:
+                numrows.append(numerics_row(name, batch, nm))
+                continue
             for mode in a.modes.split(","):
                 td, pt, kr, rss = [], [], [], {"td": [], "pt": [], "kr": []}
                 job = {"td": [], "pt": [], "kr": []}
@@ -281,6 +422,22 @@ def main():
                 rows.append(f"| {name} | {mode} | {batch} | {rng_str(td, 1)} | {rng_str(pt, 1)} | {mt / mp:.2f}× | "
                             f"**{jt / jp:.2f}×** ({jt:.1f} / {jp:.1f}) | {kcell} | "
                             f"{max(rss['td']):.0f} / {max(rss['pt']):.0f} / {krss} | {rel:.1e} ({floor:.1e}) |")
+    if a.numerics:
+        write_result(
+            "Fine-tuning real architectures: numerical agreement with PyTorch (CPU)",
+            f"Generated by `.venv/bin/python bench/train_realarch_bench.py --numerics --save` (see its docstring). "
+            f"Full fine-tuning, SGD lr {LOSS_LR}, the model's batch size, examples in file order, the same weights "
+            f"and data on both sides. Losses: the largest relative difference of the first {LOSS_STEPS} steps' "
+            "losses (bar 1e-4), and how many leading steps stay within it. Gradients: every parameter's gradient at "
+            "step 0 (tensord's from one SGD step of lr 1e6 and the weights it wrote), relative error (2-norm over "
+            "all compared parameters) against PyTorch computing in float64.", a.threads, load0,
+            [f"torch: {versions.get('torch', '?')} ({a.torch_python}), threads {a.threads}"],
+            ["| model | batch | losses: tensord vs PyTorch float32, max rel. | PyTorch float32, 1 vs "
+             f"{a.threads} threads | leading steps within 1e-4 | losses vs PyTorch float64: tensord | vs float64: "
+             "PyTorch float32 | step-0 gradient error vs float64: tensord | PyTorch float32 | parameters compared |",
+             "|---|---|---|---|---|---|---|---|---|---|"] + numrows, notes,
+            "training-realarch-numerics-cpu.md" if a.save else None)
+        return
     head = ["| model | mode | batch | tensord examples/s, last epoch | PyTorch examples/s, last epoch | tensord / "
             "PyTorch, last epoch | tensord / PyTorch, whole job (examples/s) | Keras examples/s, last epoch | "
             "tensord / Keras (last epoch / whole job) | peak RSS MiB (tensord / PyTorch / Keras) | 10 losses vs "

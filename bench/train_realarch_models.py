@@ -17,6 +17,8 @@ python3-torchvision; `make deps`).
     /usr/bin/python3 bench/train_realarch_models.py losses NAME DIR DATA.npz BATCH THREADS OPT float32|float64
         the loss-agreement check: 10 full fine-tuning steps in file order, OPT sgd:LR:MOMENTUM or adam:LR; prints
         the 10 losses.
+    /usr/bin/python3 bench/train_realarch_models.py grads NAME DIR DATA.npz BATCH THREADS OUT.npz
+        the gradient check: every parameter's gradient at step 0 in float32 and float64, and the starting weights.
 
 Models (weights=None; seeded; dropout and stochastic depth 0 so both sides compute the same function):
     resnet18         torchvision, 10 classes, x [N,3,64,64]
@@ -222,6 +224,22 @@ def losses(name, out, data, batch, threads, opt_name, dtype_name):
     print(json.dumps({"losses": [step(torch.arange(i * batch, (i + 1) * batch)) for i in range(10)]}))
 
 
+def grads(name, out, data, batch, threads, dest):
+    """The gradient of every parameter at step 0 (the first BATCH rows, training mode) in float32 and float64, and
+    the starting float32 weights, into DEST (npz keys f32/NAME, f64/NAME, w/NAME)."""
+    torch.set_num_threads(threads)
+    res = {}
+    for dtype, key in ((torch.float32, "f32/"), (torch.float64, "f64/")):
+        spec, model = load(name, out, dtype)
+        xs, y = inputs(spec, data, dtype)
+        F.cross_entropy(model(*[x[:batch] for x in xs]), y[:batch]).backward()
+        for n, p in model.named_parameters():
+            res[key + n] = p.grad.detach().double().numpy()
+            if dtype == torch.float32:
+                res["w/" + n] = p.detach().numpy().copy()
+    np.savez(dest, **res)
+
+
 def train(name, out, data, batch, threads, epochs, mode):
     torch.set_num_threads(threads)
     spec, model = load(name, out)
@@ -253,6 +271,8 @@ def main():
         return train(a[2], a[3], a[4], int(a[5]), int(a[6]), int(a[7]), a[8])
     if len(a) == 9 and a[1] == "losses":
         return losses(a[2], a[3], a[4], int(a[5]), int(a[6]), a[7], a[8])
+    if len(a) == 8 and a[1] == "grads":
+        return grads(a[2], a[3], a[4], int(a[5]), int(a[6]), a[7])
     sys.exit(__doc__)
 
 

@@ -108,6 +108,15 @@ size_t eng_tensor_nbytes(const eng_tensor *t) {
     return n < 0 ? 0 : (size_t)n * eng_dtype_size(t->dtype);
 }
 
+eng_tensor eng_tensor_rows(const eng_tensor *t, int64_t r0, int64_t rows) {
+    eng_tensor v = *t;
+    if (t->ndim < 1) return v;
+    size_t rb = t->dims[0] > 0 ? eng_tensor_nbytes(t) / (size_t)t->dims[0] : 0;
+    v.dims[0] = rows;
+    if (t->data) v.data = (char *)t->data + (size_t)r0 * rb;
+    return v;
+}
+
 char *eng_shape_str(const int64_t *dims, int ndim, char *buf, size_t n) {
     size_t k = 0;
     if (n == 0) return buf;

@@ -59,6 +59,8 @@ int64_t eng_tensor_numel(const eng_tensor *t);
 /* Bytes of data, with overflow and ENG_MAX_TENSOR_BYTES checks; sets an error naming `what` on failure. */
 eng_status eng_tensor_nbytes_checked(const eng_tensor *t, const char *what, size_t *out);
 size_t eng_tensor_nbytes(const eng_tensor *t); /* unchecked: only for shapes already validated */
+/* Rows [r0, r0 + rows) of t along its first dimension (t->dims[0] counts t's rows), as a view of t's data. */
+eng_tensor eng_tensor_rows(const eng_tensor *t, int64_t r0, int64_t rows);
 /* "[2,3,4]" into buf; returns buf. */
 char *eng_shape_str(const int64_t *dims, int ndim, char *buf, size_t n);
 int eng_shape_equal(const eng_tensor *a, const eng_tensor *b);

@@ -24,13 +24,7 @@ static void col_list(const eng_dataset *d, char *buf, size_t cap) {
 }
 
 void eng_eval_rows(const eng_dataset *d, const int *cols, int ncols, int64_t b0, int64_t rows, eng_tensor *in) {
-    for (int i = 0; i < ncols; i++) {
-        const eng_tensor *ct = &d->cols[cols[i]].t;
-        size_t row_bytes = eng_tensor_nbytes(ct) / (size_t)ct->dims[0];
-        in[i] = *ct;
-        in[i].dims[0] = rows;
-        in[i].data = (char *)ct->data + (size_t)b0 * row_bytes;
-    }
+    for (int i = 0; i < ncols; i++) in[i] = eng_tensor_rows(&d->cols[cols[i]].t, b0, rows);
 }
 
 eng_status eng_eval_fit(const eng_graph *g, eng_dataset *d, const char *what, int *cols, int *ncols) {

@@ -121,13 +121,7 @@ static int input_read(const trn_ctx *c, const eng_graph *g, const unsigned char 
 /* Feed rows [r0, r0 + rows) of c->train to F. */
 static eng_status run_rows(trn_ctx *c, eng_session *s, int nin, const char **names, const int *cols, eng_tensor *feed,
                            int64_t r0, int64_t rows, eng_tensor *outs) {
-    for (int i = 0; i < nin; i++) {
-        eng_tensor t = c->train->cols[cols[i]].t;
-        size_t rb = eng_tensor_nbytes(&t) / (size_t)c->train->n;
-        t.dims[0] = rows;
-        t.data = (char *)t.data + (size_t)r0 * rb;
-        feed[i] = t;
-    }
+    for (int i = 0; i < nin; i++) feed[i] = eng_tensor_rows(&c->train->cols[cols[i]].t, r0, rows);
     return eng_session_run(s, nin, names, feed, outs);
 }
 

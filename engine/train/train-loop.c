@@ -60,14 +60,8 @@ static eng_status feed_init(trn_ctx *c, int training, int *nfeed, const char ***
 
 /* Point the data entries of feed at rows [row0, row0 + rows) of the batch (columns by m). */
 static void feed_rows(const trn_feedmap *m, eng_tensor *feed, const eng_batch *b, int64_t row0, int64_t rows) {
-    for (int i = 0; i <= m->n; i++) {
-        int col = i < m->n ? m->col[i] : m->label_col;
-        eng_tensor t = b->cols[col];
-        size_t rb = b->rows ? eng_tensor_nbytes(&t) / (size_t)b->rows : 0;
-        t.dims[0] = rows;
-        t.data = (char *)t.data + (size_t)row0 * rb;
-        feed[i] = t;
-    }
+    for (int i = 0; i <= m->n; i++)
+        feed[i] = eng_tensor_rows(&b->cols[i < m->n ? m->col[i] : m->label_col], row0, rows);
 }
 
 eng_status trn_replica_device(const eng_train_opts *o, int r, eng_session_opts *so) {
