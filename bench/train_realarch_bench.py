@@ -36,9 +36,10 @@ flip moves the step-0 gradient by 0.7%, and the losses apart within 3 SGD steps,
 float64 too, and every parameter's step-0 gradient against PyTorch's float64 one (tensord's read back from one SGD
 step of lr 1e6), beside PyTorch float32's own error (bench/results/training-realarch-numerics-cpu.md).
 
-Keras (TensorFlow-CPU from bench/requirements.txt) has the models it defines itself: keras.applications
-MobileNetV2 and EfficientNetB0 (weights=None, classes 10, no softmax) and ResNet-18 written here in Keras layers;
-NHWC, intra/inter-op threads = --threads. Its numbers are a reference, not the same weights (Keras initialises its
+Keras (TensorFlow-CPU from bench/requirements.txt) runs keras.applications MobileNetV2 and EfficientNetB0
+(weights=None, classes 10, no softmax) where Keras defines the model, and the other five written here in Keras layers
+to the PyTorch side's architecture (ResNet-18, resnet-small, the BERT-base-shaped encoder, ViT-tiny, the zoo encoder:
+the same parameter counts, BatchNorm statistics aside); NHWC, intra/inter-op threads = --threads. Its numbers are a reference, not the same weights (Keras initialises its
 own), and its EfficientNetB0 keeps Keras' dropout (0.2) and drop-connect, which the other two sides set to 0.
 """
 import argparse

@@ -8,12 +8,12 @@ first step, and the steps run the trained part only (engine/train/train-frozen.c
   examples of a batch (a mean over the batch) are found by computing rows inside two different batches, and then
   run every step; so do jobs shorter than an epoch and jobs that turn the cache off.
 """
-import json
-import subprocess
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from train_util import train_version, weights
 
 TIMEOUT = 180
 
@@ -57,18 +57,10 @@ def data(tmp_path, n=100):
 
 
 def train(tensord_bin, base, npz, version, *extra):
-    cp = subprocess.run([tensord_bin, "train", "--model-base-path", str(base), "--base-version", "1", "--new-version",
-                         str(version), "--data", str(npz), "--epochs", "3", "--batch-size", "16", "--optimizer",
-                         "sgd", "--lr", "0.1", "--loss", "sparse_categorical_crossentropy", "--from-logits", "true",
-                         "--freeze", "body.", "--seed", "4", "--threads", "2", "--no-progress", *extra],
-                        capture_output=True, text=True, timeout=TIMEOUT)
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    return json.loads((base / str(version) / "metrics.json").read_text())
-
-
-def weights(base, version):
-    m = onnx.load(str(base / str(version) / "model.onnx"))
-    return {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    return train_version(tensord_bin, base, npz, version,
+                         ["--epochs", "3", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.1", "--loss",
+                          "sparse_categorical_crossentropy", "--from-logits", "true", "--freeze", "body.", "--seed", "4",
+                          *extra], TIMEOUT)
 
 
 def same_job(tensord_bin, base, npz):

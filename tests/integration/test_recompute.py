@@ -6,13 +6,14 @@ residual adds, a transformer encoder, and an MLP whose training Dropout must not
 plan's activation memory (metrics.json "activations_mib") shrinks where the activations are recomputable (by more
 than 40% on the two zoo models here).
 """
-import json
 import subprocess
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+from train_util import train_version, weights
 
 TIMEOUT = 300
 
@@ -60,18 +61,10 @@ def data(base, path, classes, n=64):
 
 
 def train(tensord_bin, base, npz, version, *extra):
-    cp = subprocess.run([tensord_bin, "train", "--model-base-path", str(base), "--base-version", "1", "--new-version",
-                         str(version), "--data", str(npz), "--epochs", "1", "--batch-size", "16", "--optimizer",
-                         "sgd", "--lr", "0.05", "--loss", "sparse_categorical_crossentropy", "--from-logits", "true",
-                         "--shuffle", "false", "--max-steps", "4", "--threads", "2", "--no-progress", *extra],
-                        capture_output=True, text=True, timeout=TIMEOUT)
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    return json.loads((base / str(version) / "metrics.json").read_text())
-
-
-def weights(base, version):
-    m = onnx.load(str(base / str(version) / "model.onnx"))
-    return {i.name: numpy_helper.to_array(i) for i in m.graph.initializer if i.data_type == TensorProto.FLOAT}
+    return train_version(tensord_bin, base, npz, version,
+                         ["--epochs", "1", "--batch-size", "16", "--optimizer", "sgd", "--lr", "0.05", "--loss",
+                          "sparse_categorical_crossentropy", "--from-logits", "true", "--shuffle", "false",
+                          "--max-steps", "4", *extra], TIMEOUT)
 
 
 @pytest.mark.parametrize("name", ["resnet-small", "transformer-encoder", "dropout-mlp"])

@@ -1,5 +1,6 @@
-"""What the data-parallel training tests share (test_mpi_train.py, test_device_train.py): a small MLP base version
-and a learnable 3-class dataset, and reading a version's float weights."""
+"""What training tests share: a small MLP base version and a learnable 3-class dataset (test_mpi_train.py,
+test_device_train.py), running `tensord train` for a version's metrics, and reading a version's float weights."""
+import json
 import subprocess
 
 import numpy as np
@@ -25,3 +26,12 @@ def mlp_and_data(tensord_bin, tmp_path, rows, timeout=180):
 def weights(base, version):
     m = onnx.load(str(base / str(version) / "model.onnx"))
     return {i.name: numpy_helper.to_array(i) for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+
+
+def train_version(tensord_bin, base, data, version, args, timeout=180):
+    """`tensord train` from version 1 of base into `version` on data, with args; the new version's metrics.json."""
+    cp = subprocess.run([tensord_bin, "train", "--model-base-path", str(base), "--base-version", "1", "--new-version",
+                         str(version), "--data", str(data), "--threads", "2", "--no-progress", *args],
+                        capture_output=True, text=True, timeout=timeout)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    return json.loads((base / str(version) / "metrics.json").read_text())
