@@ -26,21 +26,23 @@ steps; PyTorch and Keras: the epochs' wall time). --rounds alternating rounds (t
 read: the last epoch's compares a classifier with a backbone. Peak RSS per side:
 tensord's metrics.json (peak_rss_mib), the PyTorch and Keras workers' getrusage.
 
-Loss agreement: before timing, each model trains 10 steps in file order (tensord --shuffle false --max-steps 10;
-SGD lr 1e-3, the model's batch size, every parameter) on both sides from the same weights and data; the table shows the largest
-relative difference of the 10 losses (bar 1e-4), and beside it how far PyTorch's own losses move between 1 thread
-and --threads threads: float32 rounding alone can move a loss by more than the bar, so that spread is the floor any
-float32 implementation can be held to. (On torchvision's MobileNetV2 at 64x64, one of the last layer's 327,680
+Loss agreement: before timing, each model trains 10 steps in file order (tensord --shuffle false --max-steps 10; SGD
+lr 1e-3, the model's batch size, every parameter) on both sides from the same weights and data; the table shows the
+largest relative difference of the 10 losses (bar 1e-4), and beside it how far PyTorch's own losses move between 1
+thread and --threads threads: float32 rounding alone can move a loss by more than the bar, so that spread is the floor
+any float32 implementation can be held to. (On torchvision's MobileNetV2 at 64x64, one of the last layer's 327,680
 ReLU6 inputs lies within float32 rounding of 0, so float32 and float64 put it on opposite sides of the kink; that one
-flip moves the step-0 gradient by 0.7%, and the losses apart within 3 SGD steps, on PyTorch as on tensord.) --numerics goes further and times nothing: the same 10 losses against PyTorch in
-float64 too, and every parameter's step-0 gradient against PyTorch's float64 one (tensord's read back from one SGD
-step of lr 1e6), beside PyTorch float32's own error (bench/results/training-realarch-numerics-cpu.md).
+flip moves the step-0 gradient by 0.7%, and the losses apart within 3 SGD steps, on PyTorch as on tensord.) --numerics
+goes further and times nothing: the same 10 losses against PyTorch in float64 too, and every parameter's step-0
+gradient against PyTorch's float64 one (tensord's read back from one SGD step of lr 1e6), beside PyTorch float32's own
+error (bench/results/training-realarch-numerics-cpu.md).
 
 Keras (TensorFlow-CPU from bench/requirements.txt) runs keras.applications MobileNetV2 and EfficientNetB0
 (weights=None, classes 10, no softmax) where Keras defines the model, and the other five written here in Keras layers
 to the PyTorch side's architecture (ResNet-18, resnet-small, the BERT-base-shaped encoder, ViT-tiny, the zoo encoder:
-the same parameter counts, BatchNorm statistics aside); NHWC, intra/inter-op threads = --threads. Its numbers are a reference, not the same weights (Keras initialises its
-own), and its EfficientNetB0 keeps Keras' dropout (0.2) and drop-connect, which the other two sides set to 0.
+the same parameter counts, BatchNorm statistics aside); NHWC, intra/inter-op threads = --threads. Its numbers are a
+reference, not the same weights (Keras initialises its own), and its EfficientNetB0 keeps Keras' dropout (0.2) and
+drop-connect, which the other two sides set to 0.
 """
 import argparse
 import json
@@ -430,7 +432,7 @@ def main():
             f"Full fine-tuning, SGD lr {LOSS_LR}, the model's batch size, examples in file order, the same weights "
             f"and data on both sides. Losses: the largest relative difference of the first {LOSS_STEPS} steps' "
             "losses (bar 1e-4), and how many leading steps stay within it. Gradients: every parameter's gradient at "
-            "step 0 (tensord's from one SGD step of lr 1e6 and the weights it wrote), relative error (2-norm over "
+            f"step 0 (tensord's from one SGD step of lr {GRAD_LR:g} and the weights it wrote), relative error (2-norm over "
             "all compared parameters) against PyTorch computing in float64.", a.threads, load0,
             [f"torch: {versions.get('torch', '?')} ({a.torch_python}), threads {a.threads}"],
             ["| model | batch | losses: tensord vs PyTorch float32, max rel. | PyTorch float32, 1 vs "

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "../ops/op.h"
+#include "eval.h"
 #include "train-impl.h"
 
 #define FZ_TOL 1e-4
@@ -121,7 +122,7 @@ static int input_read(const trn_ctx *c, const eng_graph *g, const unsigned char 
 /* Feed rows [r0, r0 + rows) of c->train to F. */
 static eng_status run_rows(trn_ctx *c, eng_session *s, int nin, const char **names, const int *cols, eng_tensor *feed,
                            int64_t r0, int64_t rows, eng_tensor *outs) {
-    for (int i = 0; i < nin; i++) feed[i] = eng_tensor_rows(&c->train->cols[cols[i]].t, r0, rows);
+    eng_eval_rows(c->train, cols, nin, r0, rows, feed);
     return eng_session_run(s, nin, names, feed, outs);
 }
 

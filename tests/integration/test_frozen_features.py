@@ -8,7 +8,6 @@ first step, and the steps run the trained part only (engine/train/train-frozen.c
   examples of a batch (a mean over the batch) are found by computing rows inside two different batches, and then
   run every step; so do jobs shorter than an epoch and jobs that turn the cache off.
 """
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
