@@ -1,5 +1,6 @@
 /* nn.c - the "nn" op family: MatMul, Gemm, Conv, ConvTranspose, MaxPool/AveragePool/LpPool and their Global
- * forms, plus the internal com.tensord ops that engine/plan/fuse.c creates (FusedConv, FusedMatMul, FusedGemm).
+ * forms, plus the internal com.tensord ops that engine/plan/fuse.c creates (FusedConv, FusedMatMul, FusedGemm) and
+ * engine/plan/fuse-attn.c's FusedAttention (kernels/krn-attn.h).
  *
  * prepare parses attributes into the kernel params of kernels/krn-nn.h (wrapped in a struct whose first member
  * is the kernel params, so the kernel sees exactly krn_*_params); infer resolves kernel shapes from W, auto_pad
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/krn-attn.h"
 #include "../../kernels/krn-nn.h"
 #include "op.h"
 
@@ -424,6 +426,34 @@ static eng_status nn_matmul_infer(eng_op_ctx *c) {
     return ENG_STATUS_OK;
 }
 
+/* com.tensord FusedAttention (Q, KT, V[, M]): attributes "scale" (float, 1), "scale_div" (int, 0). */
+static eng_status nn_attn_prepare(eng_op_ctx *c) {
+    ENG_TRY(eng_op_check_arity(c, 3, 4));
+    krn_attn_params *p = calloc(1, sizeof *p);
+    if (!p) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
+    p->scale = eng_node_attr_float(c->node, "scale", 1.0f);
+    p->scale_div = eng_node_attr_int(c->node, "scale_div", 0) != 0;
+    p->has_mask = eng_op_has_input(c, 3);
+    c->params = p;
+    if (p->scale_div && p->scale == 0.0f) return eng_err(ENG_STATUS_INVALID_MODEL, "FusedAttention divides by a scale of 0");
+    return ENG_STATUS_OK;
+}
+
+static eng_status nn_attn_infer(eng_op_ctx *c) {
+    const krn_attn_params *p = c->params;
+    eng_dtype t = c->in[0].dtype;
+    if (t != ENG_DTYPE_F32 && t != ENG_DTYPE_F64 && t != ENG_DTYPE_F16 && t != ENG_DTYPE_BF16)
+        return eng_err(ENG_STATUS_UNSUPPORTED, "dtype %s", eng_dtype_name(t));
+    if (c->in[1].dtype != t || c->in[2].dtype != t || (p->has_mask && c->in[3].dtype != t))
+        return eng_err(ENG_STATUS_INVALID_MODEL, "Q is %s but KT is %s, V %s%s%s", eng_dtype_name(t),
+                       eng_dtype_name(c->in[1].dtype), eng_dtype_name(c->in[2].dtype), p->has_mask ? ", the mask " : "",
+                       p->has_mask ? eng_dtype_name(c->in[3].dtype) : "");
+    krn_attn_view w;
+    eng_tensor *y = &c->out[0];
+    y->dtype = t;
+    return krn_attn_view_make(&c->in[0], &c->in[1], &c->in[2], p->has_mask ? &c->in[3] : NULL, &w, y->dims, &y->ndim);
+}
+
 const eng_op_def eng_ops_nn[] = {
     {"MatMul", "", "matmul", 0, nn_matmul_prepare, nn_matmul_infer, NULL},
     {"Gemm", "", "matmul", 0, nn_gemm_prepare, nn_matmul_infer, NULL},
@@ -438,5 +468,6 @@ const eng_op_def eng_ops_nn[] = {
     {"FusedConv", "com.tensord", "conv", 0, nn_fconv_prepare, nn_conv_infer, NULL},
     {"FusedMatMul", "com.tensord", "matmul", 0, nn_fmatmul_prepare, nn_matmul_infer, NULL},
     {"FusedGemm", "com.tensord", "matmul", 0, nn_fgemm_prepare, nn_matmul_infer, NULL},
+    {"FusedAttention", "com.tensord", "attention", 0, nn_attn_prepare, nn_attn_infer, NULL},
     {NULL},
 };

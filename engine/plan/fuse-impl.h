@@ -28,6 +28,13 @@ int fz_one_output(const eng_node *n);               /* exactly one real output *
 int fz_match_act_chain(const fz_ctx *z, int x, krn_nn_act_params *act, int *nodes, int *nn, int cap);
 
 eng_status fz_add_attr_int(eng_graph *g, int node, const char *name, int64_t v);
+eng_status fz_add_attr_float(eng_graph *g, int node, const char *name, float v);
+eng_status fz_set_op(eng_node *n, const char *op, const char *domain); /* renames n's op and domain */
+eng_status fz_ensure_inputs(eng_node *n, int count);                  /* n has >= count input slots (new: -1) */
+
+/* fuse-attn.c: MatMul -> [Mul|Div by a constant] -> [Add M] -> Softmax(last axis) -> MatMul chains become
+ * com.tensord FusedAttention (kernels/krn-attn.h); device sessions only. */
+eng_status fz_attention(fz_ctx *z);
 
 /* fuse-layout.c: Conv/FusedConv with a 4-D float32 weight initializer; the layout pass (see there). */
 int fz_is_conv2d(const eng_graph *g, const eng_node *n);

@@ -157,7 +157,7 @@ static int fz_new_bias(fz_ctx *z, const char *base, int64_t m, float **data) {
 }
 
 /* Make sure node n has input slot idx (filling with -1). */
-static eng_status fz_ensure_inputs(eng_node *n, int count) {
+eng_status fz_ensure_inputs(eng_node *n, int count) {
     if (n->nin >= count) return ENG_STATUS_OK;
     int *in = realloc(n->inputs, (size_t)count * sizeof(int));
     if (!in) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "fusing node '%s'", n->name);
@@ -167,7 +167,7 @@ static eng_status fz_ensure_inputs(eng_node *n, int count) {
     return ENG_STATUS_OK;
 }
 
-static eng_status fz_set_op(eng_node *n, const char *op, const char *domain) {
+eng_status fz_set_op(eng_node *n, const char *op, const char *domain) {
     char *o = fz_strdup(op), *d = fz_strdup(domain);
     if (!o || !d) {
         free(o);
@@ -189,7 +189,7 @@ eng_status fz_add_attr_int(eng_graph *g, int node, const char *name, int64_t v) 
     return eng_node_add_attr(g, node, &a);
 }
 
-static eng_status fz_add_attr_float(eng_graph *g, int node, const char *name, float v) {
+eng_status fz_add_attr_float(eng_graph *g, int node, const char *name, float v) {
     eng_attr a = {0};
     a.name = (char *)name;
     a.type = ENG_ATTR_FLOAT;
@@ -819,6 +819,7 @@ eng_status eng_graph_fuse_for(eng_graph *g, int cpu_layouts) {
     eng_status st = fz_hoist_constants(&z);
     for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++)
         if (!z.dead[i] && fz_is_op(&g->nodes[i], "Transpose")) st = fz_fold_transpose(&z, i);
+    if (st == ENG_STATUS_OK && !cpu_layouts) st = fz_attention(&z); /* fuse-attn.c: device sessions */
     for (int i = 0; i < g->nnodes && st == ENG_STATUS_OK; i++) {
         if (z.dead[i]) continue;
         const eng_node *n = &g->nodes[i];

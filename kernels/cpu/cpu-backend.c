@@ -6,6 +6,7 @@
 extern const krn_kernel krn_cpu_eltwise_kernels[];
 extern const krn_kernel krn_cpu_tensor_kernels[];
 extern const krn_kernel krn_cpu_nn_kernels[];
+extern const krn_kernel krn_cpu_attn_kernels[];
 extern const krn_kernel krn_cpu_reduce_kernels[];
 extern const krn_kernel krn_cpu_grad_kernels[];
 extern const krn_kernel krn_cpu_quant_kernels[];
@@ -15,7 +16,7 @@ extern const krn_kernel krn_cpu_rnn_kernels[];
 extern const krn_kernel krn_cpu_rnn_grad_kernels[];
 
 static const krn_kernel *const krn_cpu_tables[] = {
-    krn_cpu_eltwise_kernels, krn_cpu_tensor_kernels, krn_cpu_nn_kernels, krn_cpu_reduce_kernels, krn_cpu_grad_kernels, krn_cpu_quant_kernels,
+    krn_cpu_eltwise_kernels, krn_cpu_tensor_kernels, krn_cpu_nn_kernels, krn_cpu_attn_kernels, krn_cpu_reduce_kernels, krn_cpu_grad_kernels, krn_cpu_quant_kernels,
     krn_cpu_grad_lowp_kernels, krn_cpu_optim_kernels, krn_cpu_rnn_kernels, krn_cpu_rnn_grad_kernels, NULL,
 };
 

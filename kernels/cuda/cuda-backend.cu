@@ -25,6 +25,7 @@ extern const krn_kernel krn_cuda_reduce_kernels[];
 extern const krn_kernel krn_cuda_tensor_kernels[];
 extern const krn_kernel krn_cuda_quant_kernels[];
 extern const krn_kernel krn_cuda_optim_kernels[];
+extern const krn_kernel krn_cuda_attn_kernels[];
 eng_status cuda_comm_new(int n, const int *devices, krn_comm **out); /* cuda-comm.cu */
 eng_status cuda_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
 void cuda_comm_free(krn_comm *cm);
@@ -32,7 +33,7 @@ void cuda_comm_free(krn_comm *cm);
 
 static const krn_kernel *const cuda_tables[] = {
     krn_cuda_blas_kernels, krn_cuda_dnn_kernels, krn_cuda_eltwise_kernels, krn_cuda_reduce_kernels,
-    krn_cuda_tensor_kernels, krn_cuda_quant_kernels, krn_cuda_optim_kernels, NULL,
+    krn_cuda_tensor_kernels, krn_cuda_quant_kernels, krn_cuda_optim_kernels, krn_cuda_attn_kernels, NULL,
 };
 
 /* The opaque event of kernel.h: a CUDA event of device `dev`, made without timing (cheaper to record and wait). */

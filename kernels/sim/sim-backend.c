@@ -328,6 +328,7 @@ SIM_KERNEL(eltwise_unary)
 SIM_KERNEL(eltwise_binary)
 SIM_KERNEL(eltwise_cast)
 SIM_KERNEL(softmax)
+SIM_KERNEL(attention)
 SIM_KERNEL(reduce)
 SIM_KERNEL(transpose)
 SIM_KERNEL(concat)
@@ -347,7 +348,7 @@ SIM_KERNEL(optim_accumulate)
 
 static const krn_kernel sim_kernels[] = {
     SIM_ENTRY(matmul), SIM_ENTRY(conv), SIM_ENTRY(pool), SIM_ENTRY(batchnorm), SIM_ENTRY(eltwise_unary),
-    SIM_ENTRY(eltwise_binary), SIM_ENTRY(eltwise_cast), SIM_ENTRY(softmax), SIM_ENTRY(reduce), SIM_ENTRY(transpose),
+    SIM_ENTRY(eltwise_binary), SIM_ENTRY(eltwise_cast), SIM_ENTRY(softmax), SIM_ENTRY(attention), SIM_ENTRY(reduce), SIM_ENTRY(transpose),
     SIM_ENTRY(concat), SIM_ENTRY(loss), SIM_ENTRY(grad_loss), SIM_ENTRY(grad_matmul), SIM_ENTRY(grad_conv),
     SIM_ENTRY(grad_act), SIM_ENTRY(grad_softmax), SIM_ENTRY(grad_reduce_to_shape), SIM_ENTRY(grad_fill),
     SIM_ENTRY(grad_pool), SIM_ENTRY(grad_batchnorm), SIM_ENTRY(optim_update), SIM_ENTRY(optim_sum_squares),

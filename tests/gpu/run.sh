@@ -7,6 +7,8 @@
 # Stages, each timed and recorded pass / FAIL / skip in $OUT/summary.md (plus each stage's log in $OUT):
 #   devices   the plugin loads and sees the device (tensord predict --device on a tiny model)
 #   ops       test_ops: every ONNX node-test op on cpu, sim and cuda, each precision, against the CPU's fp32
+#   attention attention layers fused into one FusedAttention step on the device, vs onnxruntime (fp32 1e-4, bf16
+#             3e-2), and a BERT-base-shaped layer's median ms fused vs unfused (tests/gpu/attention_check.py)
 #   matmul    gpu_bench: the backend's fp16/bf16 matmul kernel vs a bare cuBLASLt call, TFLOP/s (bar: >= 0.70)
 #   parity    tensord train on the device vs the CPU, same seed and data: weights after 2 epochs (MLP, seed CNN)
 #   train     examples/s on the device vs the CPU: seed CNN, ResNet-50 (torchvision's export, or the same
@@ -102,6 +104,16 @@ st_ops() {
     return $rc
 }
 stage ops st_ops
+
+# ---- fused attention
+st_attention() {
+    mkdir -p "$WORK/attn"
+    $PY tests/gpu/attention_check.py "$BIN/tensord" "$DEV" "$WORK/attn" $( [ "$QUICK" = 1 ] && echo --quick ) | tee "$WORK/attn.out"
+    local rc=${PIPESTATUS[0]}
+    tail -1 "$WORK/attn.out" | tr '|' '/' > "$WORK/attention.fig"
+    return $rc
+}
+stage attention st_attention
 
 # ---- matmul
 st_matmul() {
