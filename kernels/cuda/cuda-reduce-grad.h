@@ -3,8 +3,10 @@
  * included once by cuda-reduce.cu.
  *
  * Losses compute in double like kernels/cpu/reduce-loss.c and grad.c: one warp per target position. A target
- * outside [0, C) (not ignore_index) is an INVALID_ARGUMENT error on the CPU; a device kernel cannot return
- * one without a host sync, so here its loss (and its gradient row) is NaN, which poisons a reduced loss too.
+ * outside [0, C) (not ignore_index) is an INVALID_ARGUMENT error on the CPU; a queued device kernel cannot return
+ * one, so the loss kernel records the first such target in a device error record (its state, made in init, cleared
+ * by every exec) and its loss (and gradient row) is NaN; loss_check, called by the planner after the run's sync,
+ * turns the record into the CPU kernel's error (a training step then fails with it, as on the CPU).
  * The gradient kernels take float32 like the CPU's (ReduceToShape also float64; FillLike every fixed-size
  * numeric dtype). LayerNormGrad's dscale / dbias are column sums over rows: per-block partials over row
  * chunks, then one pass folding the partials in double (deterministic).
@@ -12,10 +14,30 @@
 
 /* ---- losses ---- */
 
+/* The first target outside [0, C) the loss kernel met (flag 1): its value and flat position. */
+typedef struct rd_loss_err {
+    int flag;
+    int pad_;
+    long long value, pos, n;
+} rd_loss_err;
+
+typedef struct rd_loss_state {
+    int device;
+    rd_loss_err *err; /* device memory */
+} rd_loss_state;
+
+__device__ __forceinline__ void rd_loss_err_set(rd_loss_err *e, int64_t v, int64_t pos, int64_t n) {
+    if (atomicCAS(&e->flag, 0, 1) == 0) {
+        e->value = v;
+        e->pos = pos;
+        e->n = n;
+    }
+}
+
 template <typename TX>
 __global__ void __launch_bounds__(RD_THREADS) loss_kernel(const TX *x, const void *t, int t64, const void *w, eng_dtype wdt, void *lp,
                                                           eng_dtype lpdt, double *lw, void *y, eng_dtype ydt, int64_t n, int64_t ch,
-                                                          int64_t d, int sce, int has_ign, int64_t ign) {
+                                                          int64_t d, int sce, int has_ign, int64_t ign, rd_loss_err *err) {
     rd_grp<32> gr;
     int64_t nt = n * d;
     for (int64_t i = gr.first; i < nt; i += gr.step) {
@@ -39,6 +61,7 @@ __global__ void __launch_bounds__(RD_THREADS) loss_kernel(const TX *x, const voi
                 loss = 0, wt = 0;
             } else if (tg < 0 || tg >= ch) {
                 loss = NAN, wt = NAN;
+                if (err) rd_loss_err_set(err, tg, i, ch);
             } else {
                 wt = w ? ld_any(w, wdt, tg) : 1.0;
                 loss = -(ldw<double>(xr, tg * d) - l) * wt;
@@ -73,10 +96,12 @@ template <typename TX> static eng_status loss_launch(krn_call *c) {
         ENG_TRY(cuda_ctx_workspace(cx, (size_t)(nt > 0 ? nt : 1) * 2 * sizeof(double), &ws));
         lw = (double *)ws;
     }
+    rd_loss_err *err = c->state ? ((rd_loss_state *)c->state)->err : NULL;
+    if (err) CUDA_TRY("loss", cudaMemsetAsync(err, 0, sizeof *err, cx->stream));
     if (nt > 0) {
         loss_kernel<TX><<<rd_grp_blocks(nt, 32), RD_THREADS, 0, cx->stream>>>(
             (const TX *)x->data, t->data, t->dtype == ENG_DTYPE_I64, w ? w->data : NULL, w ? w->dtype : ENG_DTYPE_F32, lp, lpdt, lw,
-            c->out[0].data, c->out[0].dtype, n, ch, d, p->log_softmax, p->has_ignore_index, p->ignore_index);
+            c->out[0].data, c->out[0].dtype, n, ch, d, p->log_softmax, p->has_ignore_index, p->ignore_index, err);
         CUDA_LAUNCHED("loss");
     }
     if (lw) {
@@ -96,6 +121,37 @@ static int loss_supports(const krn_call *c) {
     if (c->nin > 3) return 0;
     if (c->nout > 1 && c->out[1].dtype != ENG_DTYPE_UNDEFINED && !rd_is_float(c->out[1].dtype)) return 0;
     return p->reduction == KRN_LOSS_NONE || p->reduction == KRN_LOSS_SUM || p->reduction == KRN_LOSS_MEAN;
+}
+
+static void loss_free(void *s) {
+    rd_loss_state *st = (rd_loss_state *)s;
+    if (!st) return;
+    if (st->err) cuda_mem_free(st->device, st->err);
+    free(st);
+}
+
+static eng_status loss_init(krn_call *c) {
+    cuda_ctx *cx = CUDA_CTX(c);
+    rd_loss_state *st = (rd_loss_state *)calloc(1, sizeof *st);
+    if (!st) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cuda loss: state");
+    st->device = cx->device;
+    eng_status s = cuda_mem_alloc(cx->device, sizeof(rd_loss_err), (void **)&st->err);
+    if (s != ENG_STATUS_OK) {
+        free(st);
+        return s;
+    }
+    c->state = st;
+    return ENG_STATUS_OK;
+}
+
+/* After the run's sync: the CPU kernel's error for a target outside [0, C), if the last exec met one. */
+static eng_status loss_check(const krn_call *c) {
+    const rd_loss_state *st = (const rd_loss_state *)c->state;
+    if (!st || !st->err) return ENG_STATUS_OK;
+    rd_loss_err e;
+    CUDA_TRY("loss", cudaMemcpy(&e, st->err, sizeof e, cudaMemcpyDeviceToHost));
+    if (!e.flag) return ENG_STATUS_OK;
+    return eng_err(ENG_STATUS_INVALID_ARGUMENT, "target[%lld] = %lld is outside [0, %lld)", e.pos, e.value, e.n);
 }
 
 static eng_status loss_exec(krn_call *c) {

@@ -14,6 +14,7 @@
  * there is one reduced group).
  */
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda-reduce-common.h"
@@ -617,8 +618,8 @@ extern "C" const krn_kernel krn_cuda_reduce_kernels[] = {
      .io_ok = NULL, .supports = instnorm_supports},
     {.name = "mvn", .init = NULL, .exec = mvn_exec, .free_state = NULL, .describe = NULL, .compute_ok = NULL, .io_ok = NULL,
      .supports = mvn_supports},
-    {.name = "loss", .init = NULL, .exec = loss_exec, .free_state = NULL, .describe = NULL, .compute_ok = NULL, .io_ok = NULL,
-     .supports = loss_supports},
+    {.name = "loss", .init = loss_init, .exec = loss_exec, .free_state = loss_free, .describe = NULL, .compute_ok = NULL,
+     .io_ok = NULL, .supports = loss_supports, .check = loss_check},
     {.name = "grad_loss", .init = NULL, .exec = grad_loss_exec, .free_state = NULL, .describe = NULL, .compute_ok = NULL,
      .io_ok = NULL, .supports = grad_loss_supports},
     {.name = "grad_softmax", .init = NULL, .exec = grad_softmax_exec, .free_state = NULL, .describe = NULL, .compute_ok = NULL,
