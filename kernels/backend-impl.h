@@ -12,7 +12,7 @@
 
 /* Bumped whenever this struct changes: the CUDA plugin is built from the same tree, and one built from another is
  * refused at load instead of called through the wrong layout. */
-#define KRN_BACKEND_ABI 3
+#define KRN_BACKEND_ABI 4
 
 struct krn_backend {
     int abi;                         /* KRN_BACKEND_ABI */
@@ -47,6 +47,16 @@ struct krn_backend {
     eng_status (*comm_new)(int n, const int *devices, krn_comm **out);
     eng_status (*comm_allreduce)(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
     void (*comm_free)(krn_comm *cm);
+    /* graphs: record the work queued on a context and replay it (CUDA Graphs). NULL: this backend has none (all four
+     * set, or none). graph_begin: from now on work queued on c (kernel execs, copies) is recorded, not run; the host
+     * calls that queue it still return their errors. graph_end: stop recording; *out the graph (out NULL: discard what
+     * was recorded); an error when the capture was invalidated, with c left usable either way. graph_launch: queue the
+     * recorded work on c, in order, with the pointers and sizes it had when recorded. graph_free: after the work it
+     * queued has finished (the caller synchronises first). */
+    eng_status (*graph_begin)(krn_ctx *c);
+    eng_status (*graph_end)(krn_ctx *c, krn_graph **out);
+    eng_status (*graph_launch)(krn_ctx *c, krn_graph *g);
+    void (*graph_free)(krn_graph *g);
 };
 
 /* The CUDA plugin's one exported symbol (build/libtensord_cuda.so): the backend when the plugin's own checks pass

@@ -167,6 +167,34 @@ void krn_comm_free(const krn_backend *b, krn_comm **cm) {
     *cm = NULL;
 }
 
+int krn_backend_has_graphs(const krn_backend *b) {
+    b = be(b);
+    return b->graph_begin && b->graph_end && b->graph_launch && b->graph_free;
+}
+
+eng_status krn_graph_begin(const krn_backend *b, krn_ctx *c) {
+    if (!krn_backend_has_graphs(b)) return eng_err(ENG_STATUS_UNSUPPORTED, "backend '%s' has no graphs", be(b)->name);
+    return be(b)->graph_begin(c);
+}
+
+eng_status krn_graph_end(const krn_backend *b, krn_ctx *c, krn_graph **out) {
+    if (out) *out = NULL;
+    if (!krn_backend_has_graphs(b)) return eng_err(ENG_STATUS_UNSUPPORTED, "backend '%s' has no graphs", be(b)->name);
+    return be(b)->graph_end(c, out);
+}
+
+eng_status krn_graph_launch(const krn_backend *b, krn_ctx *c, krn_graph *g) {
+    if (!krn_backend_has_graphs(b)) return eng_err(ENG_STATUS_UNSUPPORTED, "backend '%s' has no graphs", be(b)->name);
+    if (!g) return eng_err(ENG_STATUS_INTERNAL, "backend '%s': launch of a NULL graph", be(b)->name);
+    return be(b)->graph_launch(c, g);
+}
+
+void krn_graph_free(const krn_backend *b, krn_graph **g) {
+    if (!g) return;
+    if (*g && krn_backend_has_graphs(b)) be(b)->graph_free(*g);
+    *g = NULL;
+}
+
 /* ---- the CUDA plugin ---- */
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;

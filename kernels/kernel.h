@@ -141,6 +141,22 @@ eng_status krn_event_wait(const krn_backend *b, krn_ctx *c, krn_event *e);
 eng_status krn_event_sync(const krn_backend *b, krn_event *e);
 void krn_event_free(const krn_backend *b, krn_event **e);
 
+/* Graphs (CUDA Graphs): the work queued on a context between begin and end is recorded instead of run, and a launch
+ * queues all of it again at once, with the pointers, sizes and kernel state it had when recorded (so those must stay
+ * valid and unchanged while the graph lives: a plan's arena, its pinned staging buffers, its steps' params and state).
+ * A kernel exec or copy queued while recording returns its host-side errors as usual; a kernel that must allocate or
+ * synchronise in exec fails the capture (its error), and graph_end then reports it. After an error, the caller ends
+ * the capture with krn_graph_end(b, c, NULL) (discard): c is then usable as before. UNSUPPORTED where the backend has
+ * no graphs (krn_backend_has_graphs 0: every host backend). */
+typedef struct krn_graph krn_graph;
+int krn_backend_has_graphs(const krn_backend *b);
+eng_status krn_graph_begin(const krn_backend *b, krn_ctx *c);
+/* out NULL: discard the recording; else *out the graph (NULL on failure). */
+eng_status krn_graph_end(const krn_backend *b, krn_ctx *c, krn_graph **out);
+eng_status krn_graph_launch(const krn_backend *b, krn_ctx *c, krn_graph *g);
+/* Sets *g to NULL. Call after the context that launched it has been synchronised. */
+void krn_graph_free(const krn_backend *b, krn_graph **g);
+
 /* Kernel by name, NULL if this backend has none. */
 const krn_kernel *krn_backend_find(const krn_backend *b, const char *name);
 /* Kernel by name and compute dtype: the kernel named `name` if it computes in dt (ENG_DTYPE_F32 / UNDEFINED:

@@ -74,6 +74,15 @@ struct eng_plan {
     size_t xfer_bytes;       /* bytes copied per run */
     int *ext_root;           /* opts.ext_outputs: per graph output, the root written straight into the caller's memory,
                               * or -1 (copied after the run) */
+    /* graphs (plan-graph.c) */
+    int graph_on;            /* 1: runs after the warm-up capture and then launch a graph */
+    const char *graph_off;   /* why not (static text), NULL while graph_on */
+    int graph_warm;          /* eager runs made before the capture */
+    krn_graph *graph;        /* the captured run, NULL before the capture */
+    void *graph_staging;     /* pinned host copies of the inputs, which the graph's copies to the device read */
+    size_t *graph_stage_off; /* per xfer (to the device): its offset in graph_staging */
+    int graph_captures;
+    int64_t graph_launches;
 };
 
 /* plan-place.c. plan_place: after shape inference and folding, before precision and memory: place each kernel step
@@ -99,6 +108,15 @@ size_t plan_pack(plan_buf *bufs, int nb);
 size_t plan_value_size(const eng_plan *p, int v);
 /* "node 'name' (Op): " for messages; an unnamed node by the value it writes. */
 const char *plan_node_label(const eng_graph *g, const eng_node *n, char *buf, size_t len);
+
+/* plan-graph.c. plan_graph_setup: at the end of a plan's construction, whether its runs may use a graph.
+ * plan_graph_run: at the start of a static run; *done set when the run was made by launching the graph (the result
+ * is then the run's), else the caller runs the plan eagerly (warm-up, graphs off, or a capture that just failed).
+ * plan_graph_free: before the plan's buffers and kernel state go. */
+void plan_graph_setup(eng_plan *p);
+eng_status plan_graph_run(eng_plan *p, int *done);
+void plan_graph_free(eng_plan *p);
+void plan_graph_stats(const eng_plan *p, eng_plan_stats *st);
 
 /* plan-precision.c: choose each step's compute dtype and the activations stored in the reduced one (bf16 / fp16
  * plans), after shape inference and folding, before memory planning. */

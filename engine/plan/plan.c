@@ -544,6 +544,7 @@ static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, c
         }
         for (int i = 0; i < g->noutputs; i++) p->nreaders[g->outputs[i]] += 1 << 20; /* never freed in-run */
     }
+    if (!p->dynamic) plan_graph_setup(p);
     free(order);
     *out = p;
     return ENG_STATUS_OK;
@@ -692,6 +693,11 @@ static eng_status run_static(eng_plan *p) {
     eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
     char lb[300];
     int xi = 0, pending = 0;
+    if (p->graph_on) {
+        int done = 0;
+        eng_status gst = plan_graph_run(p, &done);
+        if (done) return gst;
+    }
     eng_status st = p->ctx ? krn_ctx_enter(p->dev, p->ctx) : ENG_STATUS_OK;
     for (int si = 0; si < p->nsteps && st == ENG_STATUS_OK; si++) {
         plan_step *s = &p->steps[si];
@@ -787,6 +793,7 @@ void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
     st->copies = p->nxfers;
     st->copy_bytes = p->xfer_bytes;
     st->device_bytes = p->dev_arena_bytes + p->dev_const_bytes;
+    plan_graph_stats(p, st);
     plan_split_stats(p, st);
 }
 
@@ -815,6 +822,7 @@ void eng_plan_free(eng_plan **pp) {
     }
     free(p->prof_ms);
     if (p->dev && p->ctx) (void)krn_ctx_sync(p->dev, p->ctx);
+    plan_graph_free(p); /* it holds the steps' state and the buffers below */
     for (int si = 0; si < p->nsteps; si++) {
         plan_step *s = &p->steps[si];
         if (s->inited && s->kernel && s->kernel->free_state && s->state) s->kernel->free_state(s->state);

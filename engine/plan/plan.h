@@ -84,6 +84,10 @@ typedef struct eng_plan_opts {
     /* 1: the plan is dynamic from its first step and eng_plan_run takes inputs of any shape (the dtypes planned): a
      * Loop body whose loop-carried shapes change from one iteration to the next. */
     int any_shape;
+    /* 1: never replay this device plan's runs as a graph (CUDA Graphs); TENSORD_CUDA_GRAPHS=0 does the same for every
+     * plan. By default a static plan whose every step runs on a device with graphs captures its second run and
+     * launches the graph from then on (engine/plan/plan-graph.c: the rules). */
+    int no_graphs;
 } eng_plan_opts;
 
 typedef struct eng_plan eng_plan;
@@ -106,6 +110,10 @@ typedef struct eng_plan_stats {
     size_t copy_bytes;  /* their bytes */
     size_t device_bytes;/* device memory held by this plan: its activations and the constants it uploaded itself (weights
                          * shared through opts.dev_consts are counted there, once) */
+    int graphs;         /* device plans: 1 if its runs are (or, after the warm-up run, will be) graph launches */
+    const char *graph_off; /* device plans: why not (static text: "steps on the CPU", ...), NULL when graphs is 1 */
+    int graph_captures; /* graphs captured (1 once the plan has run twice) */
+    int64_t graph_launches; /* runs made by launching the graph, the capturing run included; the others ran eagerly */
 } eng_plan_stats;
 
 /* Whether graph g can run at precision prec on backend b (NULL: CPU) fast: OK, or UNSUPPORTED with a message

@@ -29,6 +29,10 @@ extern const krn_kernel krn_cuda_attn_kernels[];
 eng_status cuda_comm_new(int n, const int *devices, krn_comm **out); /* cuda-comm.cu */
 eng_status cuda_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
 void cuda_comm_free(krn_comm *cm);
+eng_status cuda_graph_begin(krn_ctx *c); /* cuda-graph.cu */
+eng_status cuda_graph_end(krn_ctx *c, krn_graph **out);
+eng_status cuda_graph_launch(krn_ctx *c, krn_graph *g);
+void cuda_graph_free(krn_graph *g);
 }
 
 static const krn_kernel *const cuda_tables[] = {
@@ -362,6 +366,11 @@ static const krn_backend cuda_backend = {
     .comm_new = cuda_comm_new,
     .comm_allreduce = cuda_comm_allreduce,
     .comm_free = cuda_comm_free,
+    /* graphs */
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
 };
 
 /* The backend when a CUDA driver and at least one device are present, else NULL with why[] saying which is missing.

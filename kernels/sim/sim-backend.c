@@ -7,8 +7,10 @@
  * count (TENSORD_SIM_DEVICES, default 2). Its kernels are a subset of the CPU's, run through wrappers that check
  * every tensor they get is sim memory: the ops it lacks (LayerNormalization, Gather, ...) exercise the planner's
  * fallback and copies. Fault injection for the bad-condition tests: TENSORD_SIM_FAIL_KERNEL=name[:N] makes the N-th
- * exec of kernel `name` in this process (every one without :N) fail as a CUDA launch failure does;
- * TENSORD_SIM_FAIL_INIT=name makes its init fail as a cuBLASLt / cuDNN algorithm search can.
+ * exec of kernel `name` in this process (every one without :N) fail as a CUDA launch failure does (a graph's replay of
+ * it counts as an exec, and fails at the next sync, as a fault in a CUDA graph surfaces);
+ * TENSORD_SIM_FAIL_INIT=name makes its init fail as a cuBLASLt / cuDNN algorithm search can. Graphs, recorded and
+ * replayed as CUDA Graphs are: sim-graph.c.
  * Never for serving: `--device sim` says in the log that it is a test device.
  */
 #define _GNU_SOURCE
@@ -21,7 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../backend-impl.h"
+#include "sim-impl.h"
 
 typedef struct sim_block { char *base; size_t len, user; int dev; } sim_block;
 
@@ -30,7 +32,6 @@ static sim_block *sim_blocks;
 static int sim_nblocks, sim_capblocks;
 static size_t sim_used[64];
 
-struct krn_ctx { int dev; };
 struct krn_event { int dummy; };
 
 static int sim_devices(void) {
@@ -105,7 +106,7 @@ static void sim_free(krn_ctx *c, void *p) {
 }
 
 /* Whether [p, p+n) lies inside one sim block. */
-static int sim_owns(const void *p, size_t n) {
+int sim_owns(const void *p, size_t n) {
     const char *c = p;
     int ok = 0;
     pthread_mutex_lock(&sim_mu);
@@ -131,12 +132,16 @@ static eng_status sim_ctx_new(int dev, krn_ctx **out) {
     return ENG_STATUS_OK;
 }
 
-static void sim_ctx_free(krn_ctx *c) { free(c); }
-static eng_status sim_ctx_sync(krn_ctx *c) { return ENG_STATUS_OK; }
+static void sim_ctx_free(krn_ctx *c) {
+    if (c && c->cap) sim_graph_ctx_free(c);
+    free(c);
+}
+static eng_status sim_ctx_sync(krn_ctx *c) { return c ? sim_graph_sync(c) : ENG_STATUS_OK; }
 
-static eng_status sim_copy_in(krn_ctx *c, void *dst, const void *src, size_t n, int dst_dev, int src_dev) {
+eng_status sim_copy_in(krn_ctx *c, void *dst, const void *src, size_t n, int dst_dev, int src_dev) {
     if ((dst_dev && !sim_owns(dst, n)) || (src_dev && !sim_owns(src, n)))
         return eng_err(ENG_STATUS_INTERNAL, "sim:%d: a copy of %zu bytes names memory that is not the device's", c ? c->dev : 0, n);
+    if (c && c->cap) return sim_graph_record_copy(c, dst, src, n, dst_dev, src_dev);
     if (dst_dev) sim_prot(dst, n, 1);
     if (src_dev) sim_prot(src, n, 1);
     memmove(dst, src, n);
@@ -241,7 +246,7 @@ static eng_status sim_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, float *
 /* ---- kernels: the CPU's, on opened sim memory ---- */
 
 /* TENSORD_SIM_FAIL_KERNEL=name[:N]: nonzero if this exec of kernel `name` is the one to fail. */
-static int sim_should_fail(const char *name) {
+int sim_should_fail(const char *name) {
     const char *e = getenv("TENSORD_SIM_FAIL_KERNEL");
     if (!e || !*e) return 0;
     size_t n = strcspn(e, ":");
@@ -276,9 +281,18 @@ static eng_status sim_call(const krn_kernel *k, krn_call *c, int init, const cha
     const char *fi = getenv("TENSORD_SIM_FAIL_INIT");
     if (init && fi && !strcmp(fi, name))
         return eng_err(ENG_STATUS_UNSUPPORTED, "sim:%d: kernel '%s': injected init failure (TENSORD_SIM_FAIL_INIT)", dev, name);
+    if (c->ctx->cap) { /* recorded, not run (sim-graph.c): TENSORD_SIM_FAIL_KERNEL counts when a launch runs it */
+        if (init) /* as a CUDA kernel's init (allocations, algorithm searches) cannot run inside a capture */
+            return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': init during a graph capture", dev, name);
+        return sim_graph_record_call(c->ctx, k, c, name);
+    }
     if (!init && sim_should_fail(name))
         return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected launch failure (TENSORD_SIM_FAIL_KERNEL)", dev, name);
     if (init && !k->init) return ENG_STATUS_OK;
+    return sim_kernel_run(k, c, init);
+}
+
+eng_status sim_kernel_run(const krn_kernel *k, krn_call *c, int init) {
     sim_open_call(c, 1);
     krn_ctx *ctx = c->ctx;
     c->ctx = NULL; /* the CPU kernel runs as on the CPU */
@@ -365,6 +379,9 @@ static const krn_backend krn_sim_backend = {
     .alloc = sim_alloc, .free = sim_free, .set = sim_set, .get = sim_get, .copy = sim_copy,
     .event_new = sim_event_new, .event_free = sim_event_free,
     .comm_new = sim_comm_new, .comm_allreduce = sim_comm_allreduce, .comm_free = sim_comm_free,
+    /* graphs */
+    .graph_begin = sim_graph_begin, .graph_end = sim_graph_end, .graph_launch = sim_graph_launch,
+    .graph_free = sim_graph_free,
 };
 
 const krn_backend *krn_backend_sim(void) { return &krn_sim_backend; }
