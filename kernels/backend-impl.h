@@ -12,7 +12,7 @@
 
 /* Bumped whenever this struct changes: the CUDA plugin is built from the same tree, and one built from another is
  * refused at load instead of called through the wrong layout. */
-#define KRN_BACKEND_ABI 3
+#define KRN_BACKEND_ABI 4
 
 struct krn_backend {
     int abi;                         /* KRN_BACKEND_ABI */
@@ -47,6 +47,13 @@ struct krn_backend {
     eng_status (*comm_new)(int n, const int *devices, krn_comm **out);
     eng_status (*comm_allreduce)(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
     void (*comm_free)(krn_comm *cm);
+    /* multi-process collectives (kernel.h's krn_comm_new_ranks): an id made by global rank 0's process, and a
+     * communicator of nranks ranks from it, of which this process holds nlocal (global ranks first_rank ..
+     * first_rank+nlocal-1 on devices[]); comm_allreduce / comm_free then take the local rank index. NULL: this
+     * backend has none (processes then exchange the replicas' sums through host memory and MPI). */
+    eng_status (*comm_id_new)(krn_comm_id *id);
+    eng_status (*comm_new_ranks)(const krn_comm_id *id, int nranks, int first_rank, int nlocal, const int *devices,
+                                 krn_comm **out);
 };
 
 /* The CUDA plugin's one exported symbol (build/libtensord_cuda.so): the backend when the plugin's own checks pass
