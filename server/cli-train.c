@@ -799,7 +799,8 @@ int srv_cmd_train(int argc, char **argv) {
         }
         a.o.world = world;
         if (eng_comm_rank(world) != 0) a.o.progress = 0;
-    } else if (rc == 0 && getenv("TENSORD_WORLD_SIZE") && strcmp(getenv("TENSORD_WORLD_SIZE"), "1") != 0) {
+    } else if (rc == 0 && getenv("TENSORD_WORLD_SIZE") && *getenv("TENSORD_WORLD_SIZE") &&
+               strcmp(getenv("TENSORD_WORLD_SIZE"), "1") != 0) {
         if (train_join_coordinator(&a, &world) != 0) {
             train_args_free(&a);
             return 1;

@@ -289,7 +289,7 @@ static eng_status coord_reduce(comm_coord *c, uint32_t op, float *buf, int64_t n
         for (int64_t i = 0; i < n; i++) buf[i] = from_wire(c->wire[i]);
         return ENG_STATUS_OK;
     }
-    memcpy(c->acc, buf, (size_t)n * sizeof(float));
+    if (n) memcpy(c->acc, buf, (size_t)n * sizeof(float));
     for (int k = 1; k < c->base.size; k++) {
         st = recv_msg(c->fds[k], &w0, &w1, c->wire, ENG_COORD_MAX_BYTES, &len, dl, lim);
         if (st != ENG_STATUS_OK)
@@ -305,7 +305,7 @@ static eng_status coord_reduce(comm_coord *c, uint32_t op, float *buf, int64_t n
         float inv = 1.0f / (float)c->base.size;
         for (int64_t i = 0; i < n; i++) c->acc[i] *= inv;
     }
-    memcpy(buf, c->acc, (size_t)n * sizeof(float));
+    if (n) memcpy(buf, c->acc, (size_t)n * sizeof(float));
     to_wire(c->wire, buf, (size_t)n);
     for (int k = 1; k < c->base.size; k++) {
         st = send_msg(c->fds[k], op, 0, c->wire, bytes, dl, lim);

@@ -67,19 +67,14 @@ static eng_status optim_clone(trn_ctx *c, trn_replica *rp) {
     return st;
 }
 
-/* One communicator over every process's replicas: the processes check they run the same number of replicas, rank 0
- * makes the backend's id and broadcasts it over the job's eng_comm (a failure to make it travels instead of the id,
- * so that no rank waits for an id that never comes), and every process joins its R devices as global ranks
- * wrank*R .. wrank*R+R-1 of W*R. Every process calls it at the same point (all use the device path alike). */
+/* One communicator over every process's replicas: rank 0 makes the backend's id and broadcasts it with its replica
+ * count over the job's eng_comm (a failure to make the id travels instead, so that no rank waits for an id that
+ * never comes); every process checks its R against rank 0's and they agree on the outcome (an all-reduce of the
+ * mismatches, so all stop alike); then every process joins its R devices as global ranks wrank*R .. wrank*R+R-1 of
+ * W*R. Every process calls it at the same point (all use the device path alike). */
 static eng_status dev_comm_world(trn_ctx *c, const int *devs) {
-    float rr[2] = {(float)c->R, (float)c->R * (float)c->R};
-    ENG_TRY(eng_comm_allreduce(c->world, c->wrank, rr, 2, 0));
-    if (rr[1] * (float)c->W != rr[0] * rr[0]) /* equality in Cauchy-Schwarz: every R alike */
-        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "rank %d of %d runs %d replicas, but the %d processes run %g in all: "
-                       "every process must run the same number of replicas (--replicas / --devices) for one communicator "
-                       "across them", c->wrank, c->W, c->R, c->W, rr[0]);
     struct {
-        unsigned char ok;
+        int32_t ok, R0;
         krn_comm_id id;
         char why[512];
     } msg;
@@ -87,12 +82,19 @@ static eng_status dev_comm_world(trn_ctx *c, const int *devs) {
     if (c->wrank == 0) {
         eng_status st = krn_comm_id_new(c->dev, &msg.id);
         msg.ok = st == ENG_STATUS_OK;
+        msg.R0 = c->R;
         if (!msg.ok) snprintf(msg.why, sizeof msg.why, "%s", eng_last_error());
     }
     ENG_TRY(eng_comm_bcast(c->world, c->wrank, &msg, sizeof msg));
     if (!msg.ok)
         return eng_err(ENG_STATUS_INTERNAL, "rank %d: rank 0 could not make the %s communicator id: %s", c->wrank,
                        krn_backend_name(c->dev), msg.why);
+    float bad = c->R != msg.R0;
+    ENG_TRY(eng_comm_allreduce(c->world, c->wrank, &bad, 1, 0));
+    if (bad > 0)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "rank %d of %d runs %d replicas and rank 0 runs %d (%g of the %d "
+                       "processes differ from rank 0): every process must run the same number of replicas (--replicas / "
+                       "--devices) for one communicator across them", c->wrank, c->W, c->R, (int)msg.R0, bad, c->W);
     int nranks = c->W * c->R;
     eng_status st = krn_comm_new_ranks(c->dev, &msg.id, nranks, c->wrank * c->R, c->R, devs, &c->dcomm);
     if (st != ENG_STATUS_OK)

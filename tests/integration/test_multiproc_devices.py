@@ -225,3 +225,16 @@ def test_cpu_training_across_processes_needs_mpirun(tensord_bin, setup):
         assert "TENSORD_WORLD_SIZE=2 without mpirun" in cp.stderr and "mpirun -np 2" in cp.stderr, cp.stderr
         assert "Gradients only ever travel through NCCL or MPI" in cp.stderr, cp.stderr
         assert not (base / "2").exists()
+
+
+def test_processes_with_different_replica_counts_are_refused(tensord_bin, setup):
+    base, data = setup
+    port = free_port()
+    procs = [start(train_args(tensord_bin, base, data, 2, epochs=1, extra=("--devices", d)), rank_env(r, 2, port))
+             for r, d in ((0, "sim:0"), (1, "sim:0,sim:1"))]
+    res = finish(procs, timeout=60)
+    for rc, out, err in res:
+        assert rc != 0, out + err
+        assert "every process must run the same number of replicas" in err, err
+    assert "rank 1 of 2 runs 2 replicas and rank 0 runs 1" in res[1][2], res[1][2]
+    assert not (base / "2").exists()
