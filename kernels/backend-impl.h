@@ -12,7 +12,7 @@
 
 /* Bumped whenever this struct changes: the CUDA plugin is built from the same tree, and one built from another is
  * refused at load instead of called through the wrong layout. */
-#define KRN_BACKEND_ABI 4
+#define KRN_BACKEND_ABI 5
 
 struct krn_backend {
     int abi;                         /* KRN_BACKEND_ABI */
@@ -57,6 +57,13 @@ struct krn_backend {
     eng_status (*graph_end)(krn_ctx *c, krn_graph **out);
     eng_status (*graph_launch)(krn_ctx *c, krn_graph *g);
     void (*graph_free)(krn_graph *g);
+    /* multi-process collectives (kernel.h's krn_comm_new_ranks): an id made by global rank 0's process, and a
+     * communicator of nranks ranks from it, of which this process holds nlocal (global ranks first_rank ..
+     * first_rank+nlocal-1 on devices[]); comm_allreduce / comm_free then take the local rank index. NULL: this
+     * backend has none (processes then exchange the replicas' sums through host memory and MPI). */
+    eng_status (*comm_id_new)(krn_comm_id *id);
+    eng_status (*comm_new_ranks)(const krn_comm_id *id, int nranks, int first_rank, int nlocal, const int *devices,
+                                 krn_comm **out);
 };
 
 /* The CUDA plugin's one exported symbol (build/libtensord_cuda.so): the backend when the plugin's own checks pass

@@ -195,6 +195,28 @@ void krn_graph_free(const krn_backend *b, krn_graph **g) {
     *g = NULL;
 }
 
+int krn_backend_has_comm_ranks(const krn_backend *b) { return be(b)->comm_id_new && be(b)->comm_new_ranks; }
+
+eng_status krn_comm_id_new(const krn_backend *b, krn_comm_id *id) {
+    b = be(b);
+    memset(id, 0, sizeof *id);
+    if (!b->comm_id_new)
+        return eng_err(ENG_STATUS_UNSUPPORTED, "backend '%s' has no collectives across processes", b->name);
+    return b->comm_id_new(id);
+}
+
+eng_status krn_comm_new_ranks(const krn_backend *b, const krn_comm_id *id, int nranks, int first_rank, int nlocal,
+                              const int *devices, krn_comm **out) {
+    b = be(b);
+    *out = NULL;
+    if (!b->comm_new_ranks)
+        return eng_err(ENG_STATUS_UNSUPPORTED, "backend '%s' has no collectives across processes", b->name);
+    if (nranks < 1 || nlocal < 1 || first_rank < 0 || first_rank > nranks - nlocal)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "%s: local ranks %d..%d do not fit a communicator of %d ranks",
+                       b->name, first_rank, first_rank + nlocal - 1, nranks);
+    return b->comm_new_ranks(id, nranks, first_rank, nlocal, devices, out);
+}
+
 /* ---- the CUDA plugin ---- */
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;

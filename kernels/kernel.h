@@ -135,6 +135,20 @@ int krn_backend_has_comm(const krn_backend *b);
 eng_status krn_comm_new(const krn_backend *b, int n, const int *devices, krn_comm **out);
 eng_status krn_comm_allreduce(const krn_backend *b, krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
 void krn_comm_free(const krn_backend *b, krn_comm **cm);
+/* Collectives spanning processes (and hosts): one communicator of nranks ranks, of which this process holds nlocal,
+ * global ranks first_rank .. first_rank+nlocal-1 on devices[0..nlocal-1]. Rank 0's process makes the id
+ * (krn_comm_id_new: CUDA ncclGetUniqueId) and hands it to every other process (engine/train/rendezvous.h: MPI or the
+ * TENSORD_COORDINATOR); every process then calls krn_comm_new_ranks with it, and all of them block until all
+ * nranks ranks joined (or the backend's timeout). krn_comm_allreduce and krn_comm_free then work on the result with
+ * the LOCAL rank index 0..nlocal-1; the sum covers all nranks ranks. UNSUPPORTED when the backend has none. */
+#define KRN_COMM_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
+typedef struct krn_comm_id {
+    unsigned char bytes[KRN_COMM_ID_BYTES];
+} krn_comm_id;
+int krn_backend_has_comm_ranks(const krn_backend *b);
+eng_status krn_comm_id_new(const krn_backend *b, krn_comm_id *id);
+eng_status krn_comm_new_ranks(const krn_backend *b, const krn_comm_id *id, int nranks, int first_rank, int nlocal,
+                              const int *devices, krn_comm **out);
 eng_status krn_event_new(const krn_backend *b, krn_ctx *c, krn_event **out);
 eng_status krn_event_record(const krn_backend *b, krn_ctx *c, krn_event *e);
 eng_status krn_event_wait(const krn_backend *b, krn_ctx *c, krn_event *e);

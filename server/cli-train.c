@@ -42,6 +42,7 @@
 #endif
 
 #include "../engine/train/allreduce.h"
+#include "../engine/train/rendezvous.h"
 #include "../engine/train/loss-scale.h"
 #include "../engine/train/train.h"
 #include "cli.h"
@@ -724,6 +725,44 @@ static int train_run_job(const char *file) {
     return rc;
 }
 
+/* TENSORD_WORLD_SIZE > 1 without mpirun (a Kubernetes indexed Job): join the job through TENSORD_COORDINATOR
+ * (engine/train/rendezvous.h). Only for replicas on devices whose backend has multi-process collectives (NCCL):
+ * the coordinator's connections carry no gradients. 0 with *world set (NULL when the world size is 1), else 1
+ * after printing why. */
+static int train_join_coordinator(train_args *a, eng_comm **world) {
+    *world = NULL;
+    eng_rdv_opts ro;
+    if (eng_rdv_opts_from_env(&ro) != ENG_STATUS_OK) {
+        fprintf(stderr, "error: %s\n", eng_last_error());
+        return 1;
+    }
+    if (ro.world_size == 1) return 0;
+    const char *why = NULL, *dev = NULL;
+    for (int d = 0; d < a->o.ndevices && !why; d++) {
+        const krn_backend *b = NULL;
+        if (krn_backend_by_name(a->o.devices[d], &b, NULL) != ENG_STATUS_OK) {
+            fprintf(stderr, "error: --devices: %s\n", eng_last_error());
+            return 1;
+        }
+        if (krn_backend_is_host(b)) why = "runs on the CPU", dev = a->o.devices[d];
+        else if (!krn_backend_has_comm_ranks(b)) why = "has no collectives across processes (NCCL)", dev = a->o.devices[d];
+    }
+    if (a->o.ndevices == 0) why = "runs on the CPU", dev = "cpu";
+    if (why) {
+        fprintf(stderr, "error: TENSORD_WORLD_SIZE=%d without mpirun: training across processes through "
+                "TENSORD_COORDINATOR needs every replica on a device whose backend has multi-process collectives "
+                "(--devices cuda:0,...: NCCL), and device '%s' %s. Gradients only ever travel through NCCL or MPI: for "
+                "CPU training across processes run the ranks under mpirun (mpirun -np %d tensord train ...)\n",
+                ro.world_size, dev, why, ro.world_size);
+        return 1;
+    }
+    if (eng_comm_new_coordinator(&ro, world) != ENG_STATUS_OK) {
+        fprintf(stderr, "error: %s\n", eng_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 int srv_cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -749,17 +788,8 @@ int srv_cmd_train(int argc, char **argv) {
     train_args a;
     train_args_init(&a);
     int rc = train_parse_flags(&a, argc, argv);
-    /* deploy/k8s/train-job.yaml's rendezvous variables: the coordinator that would use them hands out an NCCL id
-     * (the CUDA backend); until then N pods would each train alone, so N > 1 is refused */
-    const char *ws = getenv("TENSORD_WORLD_SIZE");
-    if (rc == 0 && ws && atoi(ws) > 1 && !eng_comm_mpi_launched()) {
-        fprintf(stderr, "error: TENSORD_WORLD_SIZE=%s: training across pods through TENSORD_COORDINATOR needs the NCCL "
-                        "communicator, which this build does not have; on CPUs run the ranks under mpirun "
-                        "(mpirun -np N tensord train ...)\n", ws);
-        train_args_free(&a);
-        return 1;
-    }
-    /* under mpirun: this process is one rank of the job (engine/train/comm-mpi.c) */
+    /* under mpirun: this process is one rank of the job (engine/train/comm-mpi.c); otherwise, with
+     * TENSORD_WORLD_SIZE > 1 (deploy/k8s/train-job.yaml), one rank of a job joined through TENSORD_COORDINATOR */
     eng_comm *world = NULL;
     if (rc == 0 && eng_comm_mpi_launched()) {
         if (eng_comm_new_mpi(&world) != ENG_STATUS_OK) {
@@ -769,15 +799,24 @@ int srv_cmd_train(int argc, char **argv) {
         }
         a.o.world = world;
         if (eng_comm_rank(world) != 0) a.o.progress = 0;
+    } else if (rc == 0 && getenv("TENSORD_WORLD_SIZE") && *getenv("TENSORD_WORLD_SIZE") &&
+               strcmp(getenv("TENSORD_WORLD_SIZE"), "1") != 0) {
+        if (train_join_coordinator(&a, &world) != 0) {
+            train_args_free(&a);
+            return 1;
+        }
+        a.o.world = world;
+        if (world && eng_comm_rank(world) != 0) a.o.progress = 0;
     }
     if (rc == 0) {
         eng_train_result r;
         if (eng_train(&a.o, &r) != ENG_STATUS_OK) {
-            if (world) {
+            if (world && strcmp(eng_comm_kind(world), "mpi") == 0) {
                 fprintf(stderr, "error: rank %d of %d: %s\n", eng_comm_rank(world), eng_comm_size(world), eng_last_error());
                 fflush(stderr);
                 train_mpi_abort(); /* the other ranks may be waiting in an all-reduce: end the job */
             }
+            /* the coordinator's ranks: exiting closes this rank's connections, which ends the others' waits */
             fprintf(stderr, "error: %s\n", eng_last_error());
             rc = 1;
         } else if (world && eng_comm_rank(world) != 0) {

@@ -8,6 +8,7 @@ typedef struct eng_comm_ops {
     const char *kind;
     eng_status (*allreduce)(eng_comm *c, int rank, float *buf, int64_t n, int mean);
     void (*barrier)(eng_comm *c, int rank);
+    eng_status (*bcast)(eng_comm *c, int rank, void *buf, size_t nbytes); /* from rank 0; size > 1 */
     void (*free)(eng_comm *c);            /* releases c itself */
 } eng_comm_ops;
 

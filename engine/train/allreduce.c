@@ -30,6 +30,8 @@ typedef struct comm_threads {
     float *scratch;    /* reduced result, cap floats */
     int64_t cap;
     int bad;           /* set by the last arriver when the ranks disagree on n or scratch allocation failed */
+    const void *src;   /* a broadcast's source: rank 0's buffer */
+    size_t src_n;
 } comm_threads;
 
 static const eng_comm_ops threads_ops;
@@ -87,6 +89,16 @@ eng_status eng_comm_allreduce(eng_comm *c, int rank, float *buf, int64_t n, int 
 
 void eng_comm_barrier(eng_comm *c, int rank) {
     if (c->size > 1) c->ops->barrier(c, rank);
+}
+
+eng_status eng_comm_bcast(eng_comm *c, int rank, void *buf, size_t nbytes) {
+    if (rank < 0 || rank >= c->size) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "rank %d out of range [0, %d)", rank, c->size);
+    if (c->rank >= 0 && rank != c->rank)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "rank %d: this process is rank %d of the %s communicator", rank, c->rank,
+                       c->ops->kind);
+    if (c->size == 1) return ENG_STATUS_OK;
+    if (!c->ops->bcast) return eng_err(ENG_STATUS_UNSUPPORTED, "the %s communicator has no broadcast", c->ops->kind);
+    return c->ops->bcast(c, rank, buf, nbytes);
 }
 
 /* ---- threads ---- */
@@ -153,5 +165,19 @@ static eng_status threads_allreduce(eng_comm *cc, int rank, float *buf, int64_t 
     return ENG_STATUS_OK;
 }
 
-static const eng_comm_ops threads_ops = {
-    .kind = "threads", .allreduce = threads_allreduce, .barrier = threads_barrier, .free = threads_free};
+/* Rank 0 publishes its buffer; the others copy it between two barriers (which keep it alive while they read). */
+static eng_status threads_bcast(eng_comm *cc, int rank, void *buf, size_t nbytes) {
+    comm_threads *c = (comm_threads *)cc;
+    if (rank == 0) c->src = buf, c->src_n = nbytes;
+    comm_wait(c, NULL);
+    int bad = c->src_n != nbytes;
+    if (rank != 0 && !bad && nbytes) memcpy(buf, c->src, nbytes);
+    comm_wait(c, NULL);
+    if (bad)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "broadcast: rank 0 sent %zu bytes, rank %d expected %zu", c->src_n,
+                       rank, nbytes);
+    return ENG_STATUS_OK;
+}
+
+static const eng_comm_ops threads_ops = {.kind = "threads", .allreduce = threads_allreduce, .barrier = threads_barrier,
+                                         .bcast = threads_bcast, .free = threads_free};

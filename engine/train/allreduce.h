@@ -2,7 +2,10 @@
  * own buffer and gets the element-wise sum (or mean) of all ranks' buffers in place. Implementations:
  *  - threads of one process (allreduce.c): every rank thread uses the same handle with its own rank index;
  *  - MPI (comm-mpi.c, built when OpenMPI is found): the processes of MPI_COMM_WORLD, one rank per process, which
- *    passes its own rank (eng_comm_rank); NCCL (GPUs) implements the same interface with the CUDA backend.
+ *    passes its own rank (eng_comm_rank); NCCL (GPUs) implements the same interface with the CUDA backend;
+ *  - the coordinator (rendezvous.c): processes started without mpirun (a Kubernetes indexed Job) joined over TCP
+ *    through rank 0 at TENSORD_COORDINATOR; only for small things (metrics, flags, a communicator id), never
+ *    gradients, which travel through the device backend's collectives (NCCL) or MPI.
  * Every rank calls the same sequence of collectives (as MPI and NCCL require).
  */
 #ifndef ENG_ALLREDUCE_H
@@ -29,10 +32,12 @@ void eng_comm_free(eng_comm **c);
 int eng_comm_size(const eng_comm *c);
 /* This process's rank (MPI); -1 for thread communicators, whose ranks pass their own index. */
 int eng_comm_rank(const eng_comm *c);
-const char *eng_comm_kind(const eng_comm *c); /* "threads", "mpi" */
+const char *eng_comm_kind(const eng_comm *c); /* "threads", "mpi", "coordinator" */
 /* Blocks until all ranks called it with the same n; buf becomes the mean over ranks (mean = 1) or the sum. */
 eng_status eng_comm_allreduce(eng_comm *c, int rank, float *buf, int64_t n, int mean);
 /* All ranks wait for each other. */
 void eng_comm_barrier(eng_comm *c, int rank);
+/* Every rank calls it with the same nbytes; rank 0's buf is copied into every other rank's (a communicator id). */
+eng_status eng_comm_bcast(eng_comm *c, int rank, void *buf, size_t nbytes);
 
 #endif

@@ -4,7 +4,7 @@
  * MPI is initialised on first use with MPI_THREAD_FUNNELED: only the thread that created the communicator calls MPI
  * (the trainer's main thread). MPI errors keep MPI's default handler (fatal: the launcher ends every rank), so a
  * broken peer never leaves a rank waiting. Means are sums scaled by 1/size after the reduce, in float, as the
- * thread communicator does.
+ * thread communicator does. eng_comm_bcast is MPI_Bcast from rank 0 (the device communicator's id, train-device.c).
  */
 #include <limits.h>
 #include <stdlib.h>
@@ -55,6 +55,19 @@ static void mpi_barrier(eng_comm *c, int rank) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+static eng_status mpi_bcast(eng_comm *c, int rank, void *buf, size_t nbytes) {
+    (void)c, (void)rank;
+    if (nbytes > INT_MAX) return eng_err(ENG_STATUS_INVALID_ARGUMENT, "MPI_Bcast of %zu bytes: more than MPI counts", nbytes);
+    int rc = MPI_Bcast(buf, (int)nbytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        return eng_err(ENG_STATUS_INTERNAL, "MPI_Bcast of %zu bytes from rank 0 failed: %s", nbytes, msg);
+    }
+    return ENG_STATUS_OK;
+}
+
 static void mpi_free(eng_comm *cc) {
     comm_mpi *c = (comm_mpi *)cc;
     int fin = 0;
@@ -63,7 +76,7 @@ static void mpi_free(eng_comm *cc) {
 }
 
 static const eng_comm_ops mpi_ops = {
-    .kind = "mpi", .allreduce = mpi_allreduce, .barrier = mpi_barrier, .free = mpi_free};
+    .kind = "mpi", .allreduce = mpi_allreduce, .barrier = mpi_barrier, .bcast = mpi_bcast, .free = mpi_free};
 
 eng_status eng_comm_new_mpi(eng_comm **out) {
     *out = NULL;

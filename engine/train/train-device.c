@@ -8,15 +8,21 @@
  * batch (rows / B, so the sum is the full batch's mean gradient, as one replica would compute it), and applies the
  * update to its own copy with its own optimizer (eng_optim_apply_on: the optimizer kernels). Every replica applies
  * the same update to the same weights, so the copies stay equal and no weights travel. Rank 0's optimizer is the
- * trainer's (the one checkpoints save); the others are clones of its state. Across processes (mpirun), each
- * process reduces its replicas on the device first, then rank 0's sums go through host memory and MPI (the job's
- * eng_comm) and back to every replica before the update (trn_dev_world). Loss scaling (mixed_fp16) stays on the
+ * trainer's (the one checkpoints save); the others are clones of its state. Across processes (mpirun, or the
+ * TENSORD_COORDINATOR rendezvous), when the backend has multi-process collectives (NCCL; sim) ONE communicator spans
+ * every process's replicas (global rank = process rank * R + r; krn_comm_new_ranks with an id made by rank 0 and
+ * broadcast over the job's eng_comm), so each replica's all-reduce already covers the whole job and only the loss
+ * and accuracy cross the job's eng_comm (trn_dev_world). Without them (a CUDA build without NCCL), each process
+ * reduces its replicas on the device first, then rank 0's sums go through host memory and MPI and back to every
+ * replica before the update (trn_dev_world); the coordinator refuses that path (gradients travel through NCCL or
+ * MPI only). Loss scaling (mixed_fp16) stays on the
  * device too: the update unscales the gradients and skips itself when their norm overflowed, and the trainer's
  * scaler is told (eng_loss_scaler_observe); not with gradient accumulation (the host path then).
  *
  * The host copies (trn_param.w) are refreshed from rank 0 by trn_weights_to_host when host code reads them, and
  * pushed to every replica by trn_weights_to_device after a resume (with the optimizer state).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,6 +67,45 @@ static eng_status optim_clone(trn_ctx *c, trn_replica *rp) {
     return st;
 }
 
+/* One communicator over every process's replicas: rank 0 makes the backend's id and broadcasts it with its replica
+ * count over the job's eng_comm (a failure to make the id travels instead, so that no rank waits for an id that
+ * never comes); every process checks its R against rank 0's and they agree on the outcome (an all-reduce of the
+ * mismatches, so all stop alike); then every process joins its R devices as global ranks wrank*R .. wrank*R+R-1 of
+ * W*R. Every process calls it at the same point (all use the device path alike). */
+static eng_status dev_comm_world(trn_ctx *c, const int *devs) {
+    struct {
+        int32_t ok, R0;
+        krn_comm_id id;
+        char why[512];
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    if (c->wrank == 0) {
+        eng_status st = krn_comm_id_new(c->dev, &msg.id);
+        msg.ok = st == ENG_STATUS_OK;
+        msg.R0 = c->R;
+        if (!msg.ok) snprintf(msg.why, sizeof msg.why, "%s", eng_last_error());
+    }
+    ENG_TRY(eng_comm_bcast(c->world, c->wrank, &msg, sizeof msg));
+    if (!msg.ok)
+        return eng_err(ENG_STATUS_INTERNAL, "rank %d: rank 0 could not make the %s communicator id: %s", c->wrank,
+                       krn_backend_name(c->dev), msg.why);
+    float bad = c->R != msg.R0;
+    ENG_TRY(eng_comm_allreduce(c->world, c->wrank, &bad, 1, 0));
+    if (bad > 0)
+        return eng_err(ENG_STATUS_INVALID_ARGUMENT, "rank %d of %d runs %d replicas and rank 0 runs %d (%g of the %d "
+                       "processes differ from rank 0): every process must run the same number of replicas (--replicas / "
+                       "--devices) for one communicator across them", c->wrank, c->W, c->R, (int)msg.R0, bad, c->W);
+    int nranks = c->W * c->R;
+    eng_status st = krn_comm_new_ranks(c->dev, &msg.id, nranks, c->wrank * c->R, c->R, devs, &c->dcomm);
+    if (st != ENG_STATUS_OK)
+        return eng_err_prefix(st, "rank %d: joining the %s communicator across %d processes (global ranks %d..%d of %d): ",
+                              c->wrank, krn_backend_name(c->dev), c->W, c->wrank * c->R, c->wrank * c->R + c->R - 1, nranks);
+    c->dcomm_world = 1;
+    fprintf(stderr, "tensord: rank %d: gradients all-reduced on the devices by one %s communicator over %d processes x "
+            "%d devices (%d ranks); none through host memory\n", c->wrank, krn_backend_name(c->dev), c->W, c->R, nranks);
+    return ENG_STATUS_OK;
+}
+
 eng_status trn_dev_alloc(trn_ctx *c) {
     if (!c->dev) return ENG_STATUS_OK;
     int devs[256];
@@ -87,7 +132,9 @@ eng_status trn_dev_alloc(trn_ctx *c) {
         if (st == ENG_STATUS_OK && r > 0) st = optim_clone(c, rp);
     }
     free(sizes);
-    if (st == ENG_STATUS_OK && (c->R > 1 || c->W > 1)) {
+    if (st == ENG_STATUS_OK && c->W > 1 && krn_backend_has_comm_ranks(c->dev)) {
+        st = dev_comm_world(c, devs);
+    } else if (st == ENG_STATUS_OK && (c->R > 1 || c->W > 1)) {
         st = krn_comm_new(c->dev, c->R, devs, &c->dcomm);
         if (st != ENG_STATUS_OK) eng_err_prefix(st, "the replicas' collective on %s: ", krn_backend_name(c->dev));
     }
@@ -183,6 +230,14 @@ eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
 }
 
 eng_status trn_dev_world(trn_ctx *c, double *loss, double *acc) {
+    if (c->dcomm_world) { /* the gradients are the job's sums already: only the metrics cross the processes */
+        float m[2] = {(float)*loss, (float)*acc};
+        ENG_TRY(eng_comm_allreduce(c->world, c->wrank, m, 2, 0));
+        *loss = m[0];
+        *acc = m[1];
+        for (int r = 0; r < c->R; r++) ENG_TRY(dev_apply(c, &c->reps[r], c->reps[r].gbuf));
+        return ENG_STATUS_OK;
+    }
     /* the processes' sums: rank 0's reduced gradients through host memory and MPI, then back to every replica */
     int64_t total = 0;
     for (int k = 0; k < c->nparams; k++)
@@ -220,6 +275,7 @@ eng_status trn_dev_world(trn_ctx *c, double *loss, double *acc) {
 void trn_dev_free(trn_ctx *c) {
     if (!c->dev) return;
     krn_comm_free(c->dev, &c->dcomm);
+    c->dcomm_world = 0;
     krn_host_free(c->dev, c->dev_pack);
     c->dev_pack = NULL;
     for (int r = 0; c->reps && r < c->R; r++) {

@@ -158,12 +158,15 @@ typedef struct trn_ctx {
      * checkpoints, keep_best, the version) and pushed back by trn_weights_to_device after a resume. */
     const krn_backend *dev;          /* NULL: the host path */
     krn_comm *dcomm;                 /* R > 1 or W > 1: the replicas' collective (NCCL on CUDA) */
+    int dcomm_world;                 /* dcomm spans every process's replicas (W*R ranks; krn_comm_new_ranks): the
+                                      * gradients never leave the devices, trn_dev_world only sums the metrics */
     float *dev_pack;                 /* W > 1: the process's reduced gradients on their way through MPI */
     unsigned char *dev_in, *dev_out; /* the training session's masks (by graph input / output) */
     int dev_dirty;                   /* the device weights changed since the last trn_weights_to_host */
     eng_comm *comm;         /* the R local replicas (threads) */
     eng_comm *world;        /* the processes of a multi-process job (o->world), NULL alone */
     int W, wrank;           /* world size (1 alone) and this process's rank */
+    eng_status world_st;    /* the last cancel-flag all-reduce over world failed (its message is the last error) */
     eng_session *eval;
     trn_fp32_nodes fp32_train, fp32_eval; /* mixed precision: output-layer nodes of the two graphs */
     int eval_loss_out, eval_acc_out;

@@ -518,13 +518,15 @@ static eng_status end_epoch(trn_ctx *c, trn_epoch *e, int *stop) {
  * checks in the same order), so that all stop at the same step instead of one waiting in an all-reduce. */
 static int cancelled(trn_ctx *c) {
     float f = c->o->cancel && atomic_load(c->o->cancel) != 0;
-    if (c->W > 1 && eng_comm_allreduce(c->world, c->wrank, &f, 1, 0) != ENG_STATUS_OK) return 1;
+    if (c->W > 1 && (c->world_st = eng_comm_allreduce(c->world, c->wrank, &f, 1, 0)) != ENG_STATUS_OK) return 1;
     return f > 0;
 }
 
 static eng_status cancel_now(trn_ctx *c) {
     if (c->progress_drawn) fputc('\n', stderr);
     c->progress_drawn = 0;
+    if (c->world_st != ENG_STATUS_OK) /* the job's communicator failed (a rank gone): its message says which */
+        return c->world_st;
     return eng_err(ENG_STATUS_CANCELLED, "cancelled");
 }
 
@@ -733,6 +735,14 @@ eng_status eng_train(const eng_train_opts *o, eng_train_result *res) {
     }
     c.eval_acc_out = -1;
     eng_status st = build(&c);
+    /* the coordinator (rendezvous.c) carries metrics and flags, never gradients: those travel through a device
+     * communicator spanning the processes (NCCL) or MPI */
+    if (st == ENG_STATUS_OK && c.W > 1 && strcmp(eng_comm_kind(c.world), "coordinator") == 0 && !c.dcomm_world)
+        st = eng_err(ENG_STATUS_UNSUPPORTED, "rank %d of %d joined through TENSORD_COORDINATOR, which carries no gradients, "
+                     "but this job's replicas cannot all-reduce on their devices across processes (every replica must "
+                     "run on a device whose backend has multi-process collectives, NCCL: --devices cuda:0,...; and not "
+                     "with loss scaling and gradient accumulation together); run the ranks under mpirun instead",
+                     c.wrank, c.W);
     if (st == ENG_STATUS_OK && o->resume) st = resume(&c);
     if (st == ENG_STATUS_OK && o->resume) st = trn_weights_to_device(&c); /* the checkpoint's weights */
     if (st == ENG_STATUS_OK && cancelled(&c)) st = cancel_now(&c);

@@ -33,6 +33,8 @@ eng_status cuda_graph_begin(krn_ctx *c); /* cuda-graph.cu */
 eng_status cuda_graph_end(krn_ctx *c, krn_graph **out);
 eng_status cuda_graph_launch(krn_ctx *c, krn_graph *g);
 void cuda_graph_free(krn_graph *g);
+eng_status cuda_comm_id_new(krn_comm_id *id);
+eng_status cuda_comm_new_ranks(const krn_comm_id *id, int nranks, int first, int nlocal, const int *devices, krn_comm **out);
 }
 
 static const krn_kernel *const cuda_tables[] = {
@@ -371,6 +373,9 @@ static const krn_backend cuda_backend = {
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
+    /* multi-process collectives */
+    .comm_id_new = TENSORD_NCCL ? cuda_comm_id_new : NULL,
+    .comm_new_ranks = TENSORD_NCCL ? cuda_comm_new_ranks : NULL,
 };
 
 /* The backend when a CUDA driver and at least one device are present, else NULL with why[] saying which is missing.

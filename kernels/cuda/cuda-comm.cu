@@ -1,19 +1,27 @@
 /* cuda-comm.cu - the CUDA backend's collectives (krn_backend.comm_*): NCCL communicators over the process's GPUs
- * (ncclCommInitAll), an in-place float sum all-reduce per rank on its context's stream, each rank's buffer first
- * scaled by its prescale (a replica's share of the batch). Without NCCL at build time (TENSORD_NCCL=0) comm_new
- * refuses with the reason, and the trainer all-reduces through host memory instead. */
+ * (ncclCommInitAll), or spanning processes and hosts (comm_id_new / comm_new_ranks: ncclGetUniqueId in global rank
+ * 0's process, the id handed out by engine/train/rendezvous.c, then ncclCommInitRank for each local GPU inside one
+ * ncclGroupStart/End); an in-place float sum all-reduce per local rank on its context's stream, each rank's buffer
+ * first scaled by its prescale (a replica's share of the batch). Without NCCL at build time (TENSORD_NCCL=0) the
+ * constructors refuse with the reason, and the trainer all-reduces through host memory (and MPI) instead.
+ *
+ * Invariant: cm->comms[i] is local rank i's communicator (global rank first + i), on device devices[i]. */
 #include "cuda-impl.h"
 #include "../backend-impl.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #if TENSORD_NCCL
 #include <nccl.h>
 
 struct krn_comm {
-    int n;
+    int n;             /* local ranks */
+    int first, nranks; /* global rank of comms[0]; ranks in all (n for ncclCommInitAll) */
     ncclComm_t *comms;
 };
+
+static_assert(sizeof(ncclUniqueId) == KRN_COMM_ID_BYTES, "krn_comm_id holds an ncclUniqueId");
 
 __global__ void comm_scale(float *__restrict__ b, long long n, float s) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
@@ -36,13 +44,81 @@ extern "C" eng_status cuda_comm_new(int n, const int *devices, krn_comm **out) {
         return eng_err(ENG_STATUS_INTERNAL, "NCCL: ncclCommInitAll over %d devices: %s", n, ncclGetErrorString(r));
     }
     cm->n = n;
+    cm->nranks = n;
+    *out = cm;
+    return ENG_STATUS_OK;
+}
+
+extern "C" eng_status cuda_comm_id_new(krn_comm_id *id) {
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+    if (r != ncclSuccess)
+        return eng_err(ENG_STATUS_INTERNAL, "NCCL: ncclGetUniqueId (global rank 0): %s%s%s", ncclGetErrorString(r),
+                       ncclGetLastError(NULL)[0] ? ": " : "", ncclGetLastError(NULL));
+    memcpy(id->bytes, &u, sizeof u);
+    return ENG_STATUS_OK;
+}
+
+/* One ncclCommInitRank per local GPU inside a group (a process holding several ranks must join them together, or
+ * the first would wait for the others forever). Blocks until all nranks ranks of every process joined. */
+extern "C" eng_status cuda_comm_new_ranks(const krn_comm_id *id, int nranks, int first, int nlocal, const int *devices,
+                                          krn_comm **out) {
+    *out = NULL;
+    krn_comm *cm = (krn_comm *)calloc(1, sizeof *cm);
+    if (cm) cm->comms = (ncclComm_t *)calloc((size_t)nlocal, sizeof *cm->comms);
+    if (!cm || !cm->comms) {
+        if (cm) free(cm->comms);
+        free(cm);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cuda: out of memory for an NCCL communicator of %d local ranks", nlocal);
+    }
+    ncclUniqueId u;
+    memcpy(&u, id->bytes, sizeof u);
+    int prev = 0;
+    (void)cudaGetDevice(&prev);
+    eng_status st = ENG_STATUS_OK;
+    ncclResult_t r = ncclGroupStart();
+    int bad = -1; /* the local rank whose call failed, -1: the group */
+    for (int i = 0; i < nlocal && r == ncclSuccess; i++) {
+        cudaError_t e = cudaSetDevice(devices[i]);
+        if (e != cudaSuccess) {
+            st = eng_err(ENG_STATUS_INTERNAL, "NCCL: global rank %d on cuda:%d: cudaSetDevice: %s", first + i, devices[i],
+                         cudaGetErrorString(e));
+            break;
+        }
+        r = ncclCommInitRank(&cm->comms[i], nranks, u, first + i);
+        if (r != ncclSuccess) bad = i;
+    }
+    ncclResult_t g = ncclGroupEnd();
+    if (r == ncclSuccess) r = g;
+    (void)cudaSetDevice(prev);
+    if (st == ENG_STATUS_OK && r != ncclSuccess) {
+        const char *last = ncclGetLastError(NULL);
+        if (bad >= 0)
+            st = eng_err(ENG_STATUS_INTERNAL, "NCCL: ncclCommInitRank of global rank %d of %d on cuda:%d: %s%s%s", first + bad,
+                         nranks, devices[bad], ncclGetErrorString(r), last && last[0] ? ": " : "", last ? last : "");
+        else
+            st = eng_err(ENG_STATUS_INTERNAL, "NCCL: joining global ranks %d..%d of %d on cuda:%d..cuda:%d: %s%s%s", first,
+                         first + nlocal - 1, nranks, devices[0], devices[nlocal - 1], ncclGetErrorString(r),
+                         last && last[0] ? ": " : "", last ? last : "");
+    }
+    if (st != ENG_STATUS_OK) {
+        for (int i = 0; i < nlocal; i++)
+            if (cm->comms[i]) ncclCommAbort(cm->comms[i]);
+        free(cm->comms);
+        free(cm);
+        return st;
+    }
+    cm->n = nlocal;
+    cm->first = first;
+    cm->nranks = nranks;
     *out = cm;
     return ENG_STATUS_OK;
 }
 
 extern "C" eng_status cuda_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale) {
     cuda_ctx *x = (cuda_ctx *)c;
-    if (rank < 0 || rank >= cm->n) return eng_err(ENG_STATUS_INTERNAL, "NCCL: rank %d of %d", rank, cm->n);
+    if (rank < 0 || rank >= cm->n)
+        return eng_err(ENG_STATUS_INTERNAL, "NCCL: local rank %d of %d (of %d ranks in all)", rank, cm->n, cm->nranks);
     CUDA_TRY("all-reduce", cudaSetDevice(x->device));
     if (prescale != 1.0f && n) {
         comm_scale<<<cuda_grid((long long)n, 256), 256, 0, x->stream>>>(buf, (long long)n, prescale);
@@ -50,8 +126,8 @@ extern "C" eng_status cuda_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, fl
     }
     ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, cm->comms[rank], x->stream);
     if (r != ncclSuccess)
-        return eng_err(ENG_STATUS_INTERNAL, "NCCL: all-reduce of %zu floats on cuda:%d (rank %d): %s", n, x->device, rank,
-                       ncclGetErrorString(r));
+        return eng_err(ENG_STATUS_INTERNAL, "NCCL: all-reduce of %zu floats on cuda:%d (global rank %d of %d): %s", n,
+                       x->device, cm->first + rank, cm->nranks, ncclGetErrorString(r));
     return ENG_STATUS_OK;
 }
 
@@ -70,4 +146,14 @@ extern "C" eng_status cuda_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, fl
     return eng_err(ENG_STATUS_UNSUPPORTED, "this build has no NCCL");
 }
 extern "C" void cuda_comm_free(krn_comm *cm) {}
+extern "C" eng_status cuda_comm_id_new(krn_comm_id *id) {
+    return eng_err(ENG_STATUS_UNSUPPORTED, "this build has no NCCL (nccl.h was not found at build time): no collectives "
+                                           "across processes on cuda");
+}
+extern "C" eng_status cuda_comm_new_ranks(const krn_comm_id *id, int nranks, int first, int nlocal, const int *devices,
+                                          krn_comm **out) {
+    *out = NULL;
+    return eng_err(ENG_STATUS_UNSUPPORTED, "this build has no NCCL: global ranks %d..%d of %d cannot join", first,
+                   first + nlocal - 1, nranks);
+}
 #endif

@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include "sim-impl.h"
+#include "../backend-impl.h"
+#include "sim-comm.h"
 
 typedef struct sim_block { char *base; size_t len, user; int dev; } sim_block;
 
@@ -159,90 +161,6 @@ static eng_status sim_event_new(krn_ctx *c, krn_event **out) {
 }
 static void sim_event_free(krn_event *e) { free(e); }
 
-/* ---- collectives: the ranks' threads meet; the last to arrive sums in rank order ---- */
-
-struct krn_comm {
-    int n;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;
-    uint64_t gen;
-    float **buf;
-    float *pre;
-    size_t *len;
-    eng_status st;
-    char err[256];
-};
-
-static eng_status sim_comm_new(int n, const int *devices, krn_comm **out) {
-    krn_comm *cm = calloc(1, sizeof *cm);
-    if (!cm || !(cm->buf = calloc((size_t)n, sizeof *cm->buf)) || !(cm->pre = calloc((size_t)n, sizeof *cm->pre)) ||
-        !(cm->len = calloc((size_t)n, sizeof *cm->len))) {
-        if (cm) free(cm->buf), free(cm->pre), free(cm->len);
-        free(cm);
-        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "sim: out of memory for a communicator of %d ranks", n);
-    }
-    cm->n = n;
-    pthread_mutex_init(&cm->mu, NULL);
-    pthread_cond_init(&cm->cv, NULL);
-    *out = cm;
-    return ENG_STATUS_OK;
-}
-
-static void sim_comm_free(krn_comm *cm) {
-    pthread_mutex_destroy(&cm->mu);
-    pthread_cond_destroy(&cm->cv);
-    free(cm->buf);
-    free(cm->pre);
-    free(cm->len);
-    free(cm);
-}
-
-static eng_status sim_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale) {
-    if (rank < 0 || rank >= cm->n) return eng_err(ENG_STATUS_INTERNAL, "sim: rank %d of a %d-rank communicator", rank, cm->n);
-    if (n && !sim_owns(buf, n * sizeof(float)))
-        return eng_err(ENG_STATUS_INTERNAL, "sim:%d: all-reduce of memory that is not the device's", c ? c->dev : -1);
-    pthread_mutex_lock(&cm->mu);
-    uint64_t gen = cm->gen;
-    cm->buf[rank] = buf;
-    cm->pre[rank] = prescale;
-    cm->len[rank] = n;
-    if (++cm->arrived == cm->n) {
-        cm->st = ENG_STATUS_OK;
-        for (int r = 1; r < cm->n; r++)
-            if (cm->len[r] != cm->len[0]) {
-                cm->st = ENG_STATUS_INTERNAL;
-                snprintf(cm->err, sizeof cm->err, "sim: all-reduce lengths differ: rank 0 %zu, rank %d %zu", cm->len[0], r,
-                         cm->len[r]);
-            }
-        float *sum = cm->st == ENG_STATUS_OK && n ? malloc(n * sizeof *sum) : NULL;
-        if (cm->st == ENG_STATUS_OK && n && !sum) {
-            cm->st = ENG_STATUS_OUT_OF_MEMORY;
-            snprintf(cm->err, sizeof cm->err, "sim: out of memory for an all-reduce of %zu floats", n);
-        }
-        if (sum) {
-            for (int r = 0; r < cm->n; r++) sim_prot(cm->buf[r], n * sizeof(float), 1);
-            for (size_t i = 0; i < n; i++) {
-                float s = 0;
-                for (int r = 0; r < cm->n; r++) s += cm->pre[r] * cm->buf[r][i];
-                sum[i] = s;
-            }
-            for (int r = 0; r < cm->n; r++) memcpy(cm->buf[r], sum, n * sizeof(float));
-            for (int r = 0; r < cm->n; r++) sim_prot(cm->buf[r], n * sizeof(float), 0);
-            free(sum);
-        }
-        cm->arrived = 0;
-        cm->gen++;
-        pthread_cond_broadcast(&cm->cv);
-    } else {
-        while (cm->gen == gen) pthread_cond_wait(&cm->cv, &cm->mu);
-    }
-    eng_status st = cm->st;
-    if (st != ENG_STATUS_OK) eng_err(st, "%s", cm->err);
-    pthread_mutex_unlock(&cm->mu);
-    return st;
-}
-
 /* ---- kernels: the CPU's, on opened sim memory ---- */
 
 /* TENSORD_SIM_FAIL_KERNEL=name[:N]: nonzero if this exec of kernel `name` is the one to fail. */
@@ -362,8 +280,8 @@ SIM_KERNEL(optim_accumulate)
 
 static const krn_kernel sim_kernels[] = {
     SIM_ENTRY(matmul), SIM_ENTRY(conv), SIM_ENTRY(pool), SIM_ENTRY(batchnorm), SIM_ENTRY(eltwise_unary),
-    SIM_ENTRY(eltwise_binary), SIM_ENTRY(eltwise_cast), SIM_ENTRY(softmax), SIM_ENTRY(attention), SIM_ENTRY(reduce), SIM_ENTRY(transpose),
-    SIM_ENTRY(concat), SIM_ENTRY(loss), SIM_ENTRY(grad_loss), SIM_ENTRY(grad_matmul), SIM_ENTRY(grad_conv),
+    SIM_ENTRY(eltwise_binary), SIM_ENTRY(eltwise_cast), SIM_ENTRY(softmax), SIM_ENTRY(attention), SIM_ENTRY(reduce),
+    SIM_ENTRY(transpose), SIM_ENTRY(concat), SIM_ENTRY(loss), SIM_ENTRY(grad_loss), SIM_ENTRY(grad_matmul), SIM_ENTRY(grad_conv),
     SIM_ENTRY(grad_act), SIM_ENTRY(grad_softmax), SIM_ENTRY(grad_reduce_to_shape), SIM_ENTRY(grad_fill),
     SIM_ENTRY(grad_pool), SIM_ENTRY(grad_batchnorm), SIM_ENTRY(optim_update), SIM_ENTRY(optim_sum_squares),
     SIM_ENTRY(optim_accumulate), {NULL},
@@ -378,10 +296,12 @@ static const krn_backend krn_sim_backend = {
     .ctx_new = sim_ctx_new, .ctx_free = sim_ctx_free, .ctx_sync = sim_ctx_sync,
     .alloc = sim_alloc, .free = sim_free, .set = sim_set, .get = sim_get, .copy = sim_copy,
     .event_new = sim_event_new, .event_free = sim_event_free,
-    .comm_new = sim_comm_new, .comm_allreduce = sim_comm_allreduce, .comm_free = sim_comm_free,
     /* graphs */
     .graph_begin = sim_graph_begin, .graph_end = sim_graph_end, .graph_launch = sim_graph_launch,
     .graph_free = sim_graph_free,
+    .comm_new = sim_comm_new, .comm_allreduce = sim_comm_allreduce, .comm_free = sim_comm_free, /* sim-comm.c */
+    /* multi-process collectives */
+    .comm_id_new = sim_comm_id_new, .comm_new_ranks = sim_comm_new_ranks,
 };
 
 const krn_backend *krn_backend_sim(void) { return &krn_sim_backend; }

@@ -6,9 +6,10 @@
 - A rank killed mid-run ends the job with a non-zero exit naming the killed rank, within the timeout (no hang), and
   no version is written.
 - Two ranks with device-resident replicas (`--devices sim:0`, and two devices each) write the weights of one process,
-  with no weight copies per step (the ranks' gradient sums go through MPI, the weights stay on the devices).
-- `--job` (the admin worker's mode) under mpirun is refused, and so is TENSORD_WORLD_SIZE > 1 outside mpirun (the
-  Kubernetes training template's variables, whose coordinator needs NCCL).
+  with no weight copies per step (one sim communicator spans both ranks' devices, its id sent by MPI_Bcast; the
+  weights stay on the devices; test_multiproc_devices.py checks the gradients never reach host memory).
+- `--job` (the admin worker's mode) under mpirun is refused, and so is TENSORD_WORLD_SIZE > 1 on CPUs outside mpirun
+  (the Kubernetes training template's variables: its coordinator serves device communicators, NCCL, only).
 
 Needs OpenMPI's mpirun (`make deps` installs it). Without it the tests skip, saying so, except under CI=true, where a
 missing mpirun is a broken install and fails.
@@ -80,9 +81,9 @@ def test_two_ranks_write_the_weights_of_one_process(tensord_bin, mpirun, setup):
 
 
 def test_two_ranks_on_devices_write_the_weights_of_one_process(tensord_bin, mpirun, setup):
-    """Device-resident replicas across processes (engine/train/train-device.c): each rank reduces its replicas on its
-    devices ("sim", a device in host memory, one per process), then the ranks' sums go through MPI and back to every
-    replica before the update; the weights equal one process's on the CPU within 1e-5."""
+    """Device-resident replicas across processes (engine/train/train-device.c): one communicator spans every rank's
+    replicas ("sim", a device in host memory; its id goes out by MPI_Bcast), so each replica's all-reduce covers the
+    job; the weights equal one process's on the CPU within 1e-5."""
     base, data = setup
     cp = subprocess.run(train_args(tensord_bin, base, data, 2), capture_output=True, text=True, timeout=TIMEOUT)
     assert cp.returncode == 0, cp.stderr
@@ -154,7 +155,8 @@ def test_job_mode_under_mpirun_is_refused(tensord_bin, mpirun, setup, tmp_path):
 
 
 def test_world_size_without_a_coordinator_is_refused(tensord_bin, setup):
-    """deploy/k8s/train-job.yaml's TENSORD_WORLD_SIZE > 1 outside mpirun: refused, not N pods training alone."""
+    """deploy/k8s/train-job.yaml's TENSORD_WORLD_SIZE > 1 outside mpirun on CPUs: refused, not N pods training alone
+    (the coordinator hands out device communicators only; gradients travel through NCCL or MPI)."""
     base, data = setup
     env = dict(os.environ, TENSORD_WORLD_SIZE="2", TENSORD_RANK="0", TENSORD_COORDINATOR="tensord-train-0.x:8503")
     cp = subprocess.run(train_args(tensord_bin, base, data, 2, epochs=1), capture_output=True, text=True,
