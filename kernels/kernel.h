@@ -135,6 +135,12 @@ int krn_backend_has_comm(const krn_backend *b);
 eng_status krn_comm_new(const krn_backend *b, int n, const int *devices, krn_comm **out);
 eng_status krn_comm_allreduce(const krn_backend *b, krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
 void krn_comm_free(const krn_backend *b, krn_comm **cm);
+/* A bucket of all-reduces as one group (CUDA: ncclGroupStart / End around count ncclAllReduce calls on c's stream):
+ * for each j, bufs[j] (ns[j] floats) becomes the sum over ranks of prescale_r * bufs_r[j], as krn_comm_allreduce
+ * would make it. Every rank calls with the same count and sizes, in the same order as its other collectives.
+ * Backends without the grouped hook run the all-reduces one by one. */
+eng_status krn_comm_allreduce_many(const krn_backend *b, krn_comm *cm, int rank, krn_ctx *c, float *const *bufs,
+                                   const size_t *ns, int count, float prescale);
 eng_status krn_event_new(const krn_backend *b, krn_ctx *c, krn_event **out);
 eng_status krn_event_record(const krn_backend *b, krn_ctx *c, krn_event *e);
 eng_status krn_event_wait(const krn_backend *b, krn_ctx *c, krn_event *e);

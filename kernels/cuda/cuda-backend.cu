@@ -28,6 +28,8 @@ extern const krn_kernel krn_cuda_optim_kernels[];
 eng_status cuda_comm_new(int n, const int *devices, krn_comm **out); /* cuda-comm.cu */
 eng_status cuda_comm_allreduce(krn_comm *cm, int rank, krn_ctx *c, float *buf, size_t n, float prescale);
 void cuda_comm_free(krn_comm *cm);
+eng_status cuda_comm_allreduce_many(krn_comm *cm, int rank, krn_ctx *c, float *const *bufs, const size_t *ns, int count,
+                                    float prescale);
 }
 
 static const krn_kernel *const cuda_tables[] = {
@@ -361,6 +363,8 @@ static const krn_backend cuda_backend = {
     .comm_new = cuda_comm_new,
     .comm_allreduce = cuda_comm_allreduce,
     .comm_free = cuda_comm_free,
+    /* bucketed collectives */
+    .comm_allreduce_many = cuda_comm_allreduce_many,
 };
 
 /* The backend when a CUDA driver and at least one device are present, else NULL with why[] saying which is missing.
