@@ -132,6 +132,10 @@ def test_a_replica_failing_mid_step_does_not_hang_the_buckets(tensord_bin, setup
     assert cp.returncode != 0
     err = cp.stdout + cp.stderr
     assert "injected launch failure" in err and fail.split(":")[0] in err, err
+    # every rank sent every bucket of every step it started (4 per step, 2 ranks); the failing one some after its run
+    nb, sent, during, overlapped, groups = buckets(cp.stderr)
+    assert nb == 4 and sent > 0 and sent % (2 * nb) == 0 and groups == sent, cp.stderr
+    assert during < sent, cp.stderr
     assert sorted(p.name for p in base.iterdir() if p.name.isdigit()) == ["1"], "a failed job wrote a version"
 
 
