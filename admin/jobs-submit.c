@@ -19,7 +19,7 @@ static const char *const job_keys[] = {
     "model", "base_version", "dataset", "val_dataset", "val_split", "epochs", "batch_size", "optimizer",
     "learning_rate", "momentum", "nesterov", "weight_decay", "clipnorm", "schedule", "loss", "from_logits", "freeze",
     "early_stopping", "devices", "precision", "threads", "seed", "on_complete", "checkpoint_every", "max_steps", "kind",
-    "loss_scale", "loss_scale_growth_steps", "shuffle", "cache_frozen", "recompute", NULL};
+    "loss_scale", "loss_scale_growth_steps", "shuffle", "cache_frozen", "recompute", "bucket_mb", NULL};
 /* A quantize job ("kind": "quantize": tensord quantize as the worker) takes these. */
 static const char *const quant_keys[] = {"kind", "model", "base_version", "dataset", "val_dataset", "method",
                                          "per_channel", "exclude", "threads", "on_complete", NULL};
@@ -211,7 +211,7 @@ srv_code job_check(adm_jobs *j, const cJSON *b, adm_job_rec *rec, srv_error *err
         {"epochs", 1, 10000, 1, 1}, {"batch_size", 1, 65536, 1, 1}, {"learning_rate", 1e-12, 10, 0, 1},
         {"val_split", 0, 0.99, 0, 0}, {"momentum", 0, 0.9999, 0, 0}, {"weight_decay", 0, 10, 0, 0},
         {"clipnorm", 1e-12, 1e12, 0, 0}, {"threads", 0, 1024, 1, 0}, {"seed", 0, 9007199254740991.0, 1, 0},
-        {"checkpoint_every", 0, 1e12, 1, 0}, {"max_steps", 0, 1e15, 1, 0}};
+        {"checkpoint_every", 0, 1e12, 1, 0}, {"max_steps", 0, 1e15, 1, 0}, {"bucket_mb", 0, 1e6, 0, 0}};
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         int r = num_field(b, nums[i].key, nums[i].lo, nums[i].hi, nums[i].integer, &v, err);
         if (r < 0) return err->code;
@@ -396,7 +396,7 @@ char *job_worker_file(adm_jobs *j, const adm_job_rec *r, int resume, srv_error *
         static const char *const pass[] = {"val_split", "epochs", "batch_size", "optimizer", "learning_rate", "momentum",
                                            "nesterov", "weight_decay", "clipnorm", "schedule", "loss", "from_logits",
                                            "freeze", "early_stopping", "threads", "seed", "max_steps", "shuffle",
-                                           "cache_frozen", "recompute", "loss_scale", "loss_scale_growth_steps", NULL};
+                                           "cache_frozen", "recompute", "loss_scale", "loss_scale_growth_steps", "bucket_mb", NULL};
         for (int i = 0; pass[i]; i++) copy_item(w, spec, pass[i]);
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(spec, "precision");
         cJSON_AddStringToObject(w, "precision", cJSON_IsString(pr) ? pr->valuestring : "fp32");

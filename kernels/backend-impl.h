@@ -12,7 +12,7 @@
 
 /* Bumped whenever this struct changes: the CUDA plugin is built from the same tree, and one built from another is
  * refused at load instead of called through the wrong layout. */
-#define KRN_BACKEND_ABI 5
+#define KRN_BACKEND_ABI 6
 
 struct krn_backend {
     int abi;                         /* KRN_BACKEND_ABI */
@@ -64,6 +64,10 @@ struct krn_backend {
     eng_status (*comm_id_new)(krn_comm_id *id);
     eng_status (*comm_new_ranks)(const krn_comm_id *id, int nranks, int first_rank, int nlocal, const int *devices,
                                  krn_comm **out);
+    /* bucketed collectives: a bucket's all-reduces as one group on c (krn_comm_allreduce_many); NULL: one by one
+     * through comm_allreduce */
+    eng_status (*comm_allreduce_many)(krn_comm *cm, int rank, krn_ctx *c, float *const *bufs, const size_t *ns,
+                                      int count, float prescale);
 };
 
 /* The CUDA plugin's one exported symbol (build/libtensord_cuda.so): the backend when the plugin's own checks pass
@@ -72,6 +76,13 @@ typedef const krn_backend *(*krn_cuda_entry_fn)(char *why, size_t whylen);
 #define KRN_CUDA_ENTRY "tensord_cuda_backend"
 
 const krn_backend *krn_backend_sim(void);
+/* sim's record of its bucketed collectives (tests; counted over the process since the last reset): groups issued
+ * (krn_comm_allreduce_many calls, every rank counted), the all-reduces in them, and how many groups were issued on
+ * a context waiting for an event of another context that then still ran a kernel before its next sync (the
+ * all-reduce overlapped that context's work: a bucket sent while the backward pass went on). */
+typedef struct krn_sim_stats { long groups, allreduces, overlapped; } krn_sim_stats;
+void krn_sim_stats_get(krn_sim_stats *out);
+void krn_sim_stats_reset(void);
 /* A symbol of the loaded CUDA plugin (benchmarks: cuda_blas_peak_tflops), NULL when it is not loaded or lacks it. */
 void *krn_cuda_plugin_symbol(const char *name);
 

@@ -161,6 +161,19 @@ eng_status krn_comm_allreduce(const krn_backend *b, krn_comm *cm, int rank, krn_
     return b->comm_allreduce(cm, rank, c, buf, n, prescale);
 }
 
+eng_status krn_comm_allreduce_many(const krn_backend *b, krn_comm *cm, int rank, krn_ctx *c, float *const *bufs,
+                                   const size_t *ns, int count, float prescale) {
+    b = be(b);
+    if (b->comm_allreduce_many) return b->comm_allreduce_many(cm, rank, c, bufs, ns, count, prescale);
+    if (!b->comm_allreduce) return eng_err(ENG_STATUS_UNSUPPORTED, "backend '%s' has no collectives", b->name);
+    eng_status first = ENG_STATUS_OK;
+    for (int j = 0; j < count; j++) { /* every call made, whatever failed before (the other ranks wait for each) */
+        eng_status st = b->comm_allreduce(cm, rank, c, bufs[j], ns[j], prescale);
+        if (st != ENG_STATUS_OK && first == ENG_STATUS_OK) first = st;
+    }
+    return first;
+}
+
 void krn_comm_free(const krn_backend *b, krn_comm **cm) {
     b = be(b);
     if (*cm && b->comm_free) b->comm_free(*cm);

@@ -149,6 +149,12 @@ int krn_backend_has_comm_ranks(const krn_backend *b);
 eng_status krn_comm_id_new(const krn_backend *b, krn_comm_id *id);
 eng_status krn_comm_new_ranks(const krn_backend *b, const krn_comm_id *id, int nranks, int first_rank, int nlocal,
                               const int *devices, krn_comm **out);
+/* A bucket of all-reduces as one group (CUDA: ncclGroupStart / End around count ncclAllReduce calls on c's stream):
+ * for each j, bufs[j] (ns[j] floats) becomes the sum over ranks of prescale_r * bufs_r[j], as krn_comm_allreduce
+ * would make it. Every rank calls with the same count and sizes, in the same order as its other collectives.
+ * Backends without the grouped hook run the all-reduces one by one. */
+eng_status krn_comm_allreduce_many(const krn_backend *b, krn_comm *cm, int rank, krn_ctx *c, float *const *bufs,
+                                   const size_t *ns, int count, float prescale);
 eng_status krn_event_new(const krn_backend *b, krn_ctx *c, krn_event **out);
 eng_status krn_event_record(const krn_backend *b, krn_ctx *c, krn_event *e);
 eng_status krn_event_wait(const krn_backend *b, krn_ctx *c, krn_event *e);

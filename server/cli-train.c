@@ -65,7 +65,7 @@ static void train_usage(FILE *f) {
             "         [--threads T] [--replicas R] [--resume] [--checkpoint-every K] [--seed S] [--early-stopping-patience P]\n"
             "         [--monitor val_loss|val_accuracy|loss|accuracy] [--keep-best] [--recompute] [--max-steps N] [--precision fp32|mixed_bf16|mixed_fp16]\n"
             "         [--loss-scale none|dynamic|SCALE] [--loss-scale-growth-steps N] [--replace-head CLASSES]\n"
-            "         [--devices cpu|cuda:N[,cuda:M...]] [--no-progress]\n"
+            "         [--devices cpu|cuda:N[,cuda:M...]] [--bucket-mb MB] [--no-progress]\n"
             "       tensord train --job FILE   (JSON job file; JSON lines on stdout: start, step, epoch, done|cancelled|error)\n");
 }
 
@@ -76,7 +76,7 @@ typedef enum train_id {
     T_OPTIMIZER, T_LR, T_MOMENTUM, T_NESTEROV, T_WEIGHT_DECAY, T_CLIPNORM, T_ACCUM_STEPS, T_SCHEDULE, T_WARMUP_STEPS,
     T_STEP_SIZE, T_GAMMA, T_DECAY_STEPS, T_MIN_LR, T_LOSS, T_FROM_LOGITS, T_SHUFFLE, T_CACHE_FROZEN, T_RECOMPUTE, T_FREEZE, T_THREADS, T_REPLICAS, T_RESUME,
     T_CHECKPOINT_EVERY, T_SEED, T_PATIENCE, T_MONITOR, T_KEEP_BEST, T_MAX_STEPS, T_PRECISION, T_LOSS_SCALE,
-    T_LOSS_SCALE_GROWTH, T_REPLACE_HEAD, T_DEVICES,
+    T_LOSS_SCALE_GROWTH, T_REPLACE_HEAD, T_DEVICES, T_BUCKET_MB,
     T_NO_PROGRESS, T_JOB_ID, T_COUNT
 } train_id;
 
@@ -138,6 +138,7 @@ static const train_opt train_table[] = {
     {T_LOSS_SCALE_GROWTH, "--loss-scale-growth-steps", "loss_scale_growth_steps", J_INT, F_VALUE, 0, 1, LLONG_MAX},
     {T_REPLACE_HEAD, "--replace-head", "replace_head", J_INT, F_VALUE, 0, 1, 1 << 24},
     {T_DEVICES, "--devices", "devices", J_STRS, F_SPLIT, REQ_JOB, NOLIM},
+    {T_BUCKET_MB, "--bucket-mb", "bucket_mb", J_NUM, F_VALUE, 0, NOLIM},
     {T_NO_PROGRESS, "--no-progress", NULL, J_BOOL, F_SWITCH, 0, NOLIM},
     {T_JOB_ID, NULL, "job_id", J_INT, F_VALUE, REQ_JOB, 0, LLONG_MAX},
 };
@@ -330,6 +331,10 @@ static int train_set(train_args *a, const train_opt *t, const char *name, const 
     case T_CACHE_FROZEN:
         if (parse_bool(name, v, 0, &b, err, n)) return -1;
         o->no_cache_frozen = !b;
+        return 0;
+    case T_BUCKET_MB: /* 0: no buckets (eng_train_opts.bucket_mb < 0) */
+        if (!(d >= 0 && d <= 1e6)) return set_err(err, n, "%s must be in [0, 1e6] MB (0: no buckets), got '%s'", name, v);
+        o->bucket_mb = d > 0 ? d : -1;
         return 0;
     case T_THREADS: o->nthreads = (int)i; return 0;
     case T_REPLICAS: o->replicas = (int)i; return 0;

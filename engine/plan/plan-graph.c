@@ -16,6 +16,7 @@
  *  - no op is random (ENG_OP_RANDOM: a new draw per run, which a replay would repeat);
  *  - no device-resident inputs or outputs (opts.dev_inputs / dev_outputs: the trainer's plans, whose pointers are
  *    the caller's and may change from run to run);
+ *  - no opts.on_ready (its callbacks run between the steps of an eager run; a replay would skip them);
  *  - not profiled (TENSORD_PROFILE times each step eagerly);
  *  - every copy to the device is of a graph input (from staging) and every copy from it comes after the last step.
  * A capture that fails (a kernel that must allocate or synchronise in exec, a workspace that must grow, a launch
@@ -45,6 +46,7 @@ static const char *graph_why_not(const eng_plan *p) {
     if (p->dynamic) return "shapes known only at run time";
     if (p->split) return "run as sub-batches";
     if (plan_resident_io(p)) return "device-resident inputs or outputs";
+    if (p->opts.on_ready) return "outputs reported during the run (opts.on_ready)";
     if (p->prof_ms) return "profiled (TENSORD_PROFILE)";
     for (int si = 0; si < p->nsteps; si++) {
         const plan_step *s = &p->steps[si];

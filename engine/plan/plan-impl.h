@@ -72,6 +72,10 @@ struct eng_plan {
                                     * NULL otherwise (eng_plan_new's set) */
     int init_failed_node;    /* the node whose device kernel's init failed in this attempt, or -1 */
     size_t xfer_bytes;       /* bytes copied per run */
+    /* opts.on_ready (plan-ready.c): per graph output the step after which it is final (nsteps: the end of the run),
+     * the outputs sorted by it, the next one to report in this run, and the tensors of one report */
+    int *ready_step, *ready_order, ready_next;
+    eng_tensor *ready_vals;
     int *ext_root;           /* opts.ext_outputs: per graph output, the root written straight into the caller's memory,
                               * or -1 (copied after the run) */
     /* graphs (plan-graph.c) */
@@ -117,6 +121,13 @@ void plan_graph_setup(eng_plan *p);
 eng_status plan_graph_run(eng_plan *p, int *done);
 void plan_graph_free(eng_plan *p);
 void plan_graph_stats(const eng_plan *p, eng_plan_stats *st);
+/* plan-ready.c: opts.on_ready. init (first run) finds each output's last step; after (in the run loop, after step
+ * si's kernels were queued) reports the outputs final after si; finish (after a run that succeeded, outputs: what it
+ * returns) reports the rest. */
+eng_status plan_ready_init(eng_plan *p);
+void plan_ready_after(eng_plan *p, int si);
+void plan_ready_finish(eng_plan *p, const eng_tensor *outputs);
+void plan_ready_free(eng_plan *p);
 
 /* plan-precision.c: choose each step's compute dtype and the activations stored in the reduced one (bf16 / fp16
  * plans), after shape inference and folding, before memory planning. */

@@ -454,6 +454,8 @@ static eng_status split_plan_get(const eng_plan *p, const eng_tensor *inputs, co
     o.nthreads = 1;
     o.no_split = 1;
     o.subplans = NULL;
+    o.on_ready = NULL; /* the whole plan reports its outputs, after its sub-batches */
+    o.ready_arg = NULL;
     eng_status st = eng_plan_new(g, &o, in, out);
     if (st == ENG_STATUS_OK && c) { /* the caller checked there is room */
         c->e[c->n].g = g, c->e[c->n].shapes = in, c->e[c->n].slot = slot, c->e[c->n].plan = *out;

@@ -721,11 +721,12 @@ static eng_status run_static(eng_plan *p) {
         }
         pending |= s->on_dev;
         if (st != ENG_STATUS_OK) eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
+        else if (p->ready_order) plan_ready_after(p, si); /* opts.on_ready: outputs final after this step */
     }
     return p->dev_steps ? plan_place_finish(p, st, &xi, &pending) : st;
 }
 
-eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outputs) {
+static eng_status plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outputs) {
     const eng_graph *g = p->g;
     for (int i = 0; i < g->ninputs; i++) {
         int v = g->inputs[i];
@@ -767,6 +768,14 @@ eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outpu
     }
     p->prof_runs++;
     return ENG_STATUS_OK;
+}
+
+eng_status eng_plan_run(eng_plan *p, const eng_tensor *inputs, eng_tensor *outputs) {
+    if (p->opts.on_ready && !p->ready_order) ENG_TRY(plan_ready_init(p));
+    p->ready_next = 0;
+    eng_status st = plan_run(p, inputs, outputs);
+    if (st == ENG_STATUS_OK && p->ready_order) plan_ready_finish(p, outputs); /* what was not final earlier */
+    return st;
 }
 
 const eng_tensor *eng_plan_output_desc(const eng_plan *p, int i, int *konst) {
@@ -842,6 +851,7 @@ void eng_plan_free(eng_plan **pp) {
     free(p->nreaders);
     free(p->dyn_bufs);
     free(p->ext_root);
+    plan_ready_free(p);
     free(p);
     *pp = NULL;
 }

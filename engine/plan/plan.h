@@ -88,6 +88,17 @@ typedef struct eng_plan_opts {
      * plan. By default a static plan whose every step runs on a device with graphs captures its second run and
      * launches the graph from then on (engine/plan/plan-graph.c: the rules). */
     int no_graphs;
+    /* Optional: on_ready(ready_arg, ctx, idx, outs, n) tells, during a run, that graph outputs idx[0..n) are complete
+     * (outs[j]: output idx[j] as the run returns it). A static device plan calls it on the running thread right after
+     * the kernels of the last step touching an output were queued on ctx (the plan's context: an event recorded on
+     * ctx in the callback marks them done; the device may still be computing them), so a trainer can all-reduce
+     * gradients while the backward pass goes on. Outputs copied after the last step, inputs and constants, and every
+     * output of a dynamic, batch-split or host-only plan are reported after the last step with ctx NULL (the run's
+     * work is complete). Every output
+     * is reported once per run that succeeds; a failing run stops reporting at its failing step. The callback must
+     * not run this plan. (engine/plan/plan-ready.c) */
+    void (*on_ready)(void *arg, krn_ctx *ctx, const int *idx, const eng_tensor *outs, int n);
+    void *ready_arg;
 } eng_plan_opts;
 
 typedef struct eng_plan eng_plan;

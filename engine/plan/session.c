@@ -175,7 +175,8 @@ static eng_status find_plan(eng_session *s, eng_precision prec, eng_plan **out) 
         }
     eng_plan_opts po = {.nthreads = s->opts.nthreads, .precision = prec, .backend = s->opts.backend, .device = s->opts.device,
                         .subplans = s->subplans, .dev_consts = s->dev_consts,
-                        .dev_inputs = s->opts.dev_inputs, .dev_outputs = s->opts.dev_outputs, .fp32_nodes = s->opts.fp32_nodes, .nfp32_nodes = s->opts.nfp32_nodes};
+                        .dev_inputs = s->opts.dev_inputs, .dev_outputs = s->opts.dev_outputs, .fp32_nodes = s->opts.fp32_nodes, .nfp32_nodes = s->opts.nfp32_nodes,
+                        .on_ready = s->opts.on_ready, .ready_arg = s->opts.ready_arg};
     eng_plan *p = NULL;
     ENG_TRY(eng_plan_new(g, &po, s->feed, &p));
     eng_tensor *shapes = calloc((size_t)g->ninputs + 1, sizeof *shapes);

@@ -24,6 +24,9 @@ typedef struct eng_session_opts {
     int max_plans;       /* <= 0: 16 */
     const unsigned char *dev_inputs;  /* device sessions: eng_plan_opts.dev_inputs / dev_outputs (by graph input /   */
     const unsigned char *dev_outputs; /* output index); must outlive the session                                     */
+    /* eng_plan_opts.on_ready / ready_arg for every plan of this session (a trainer's gradient buckets) */
+    void (*on_ready)(void *arg, krn_ctx *ctx, const int *idx, const eng_tensor *outs, int n);
+    void *ready_arg;
 } eng_session_opts;
 
 typedef struct eng_session eng_session;

@@ -19,6 +19,10 @@
  * device too: the update unscales the gradients and skips itself when their norm overflowed, and the trainer's
  * scaler is told (eng_loss_scaler_observe); not with gradient accumulation (the host path then).
  *
+ * With buckets (o->bucket_mb, train-buckets.c) the all-reduces are not left to the end of the run: each bucket of
+ * gradients goes, on a communication context of the replica's, as soon as the backward pass has made it, and the
+ * update waits for the last one.
+ *
  * The host copies (trn_param.w) are refreshed from rank 0 by trn_weights_to_host when host code reads them, and
  * pushed to every replica by trn_weights_to_device after a resume (with the optimizer state).
  */
@@ -168,7 +172,7 @@ eng_status trn_weights_to_host(trn_ctx *c) {
 
 /* Zeros standing in for param k's gradient on a replica that ran no rows (or failed) this step: it still joins the
  * collective, contributing nothing. Zeroed on every use (the all-reduce writes the sum into it). */
-static eng_status zeros(trn_ctx *c, trn_replica *rp, int k, void **out) {
+eng_status trn_dev_zeros(trn_ctx *c, trn_replica *rp, int k, void **out) {
     size_t nb = param_bytes(&c->params[k]);
     if (!rp->dz[k]) ENG_TRY(krn_buf_alloc(c->dev, rp->dctx, nb, &rp->dz[k]));
     float *z = calloc(1, nb);
@@ -208,6 +212,11 @@ static eng_status dev_apply(trn_ctx *c, trn_replica *rp, void *const *gb) {
 
 eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
     eng_status st = ENG_STATUS_OK, first = ENG_STATUS_OK;
+    if (rp->bq) { /* buckets (train-buckets.c): most were sent during the run; the rest now, then the update waits */
+        first = trn_buckets_finish(c, rp, ok);
+        if (!ok || first != ENG_STATUS_OK) return first != ENG_STATUS_OK ? first : ENG_STATUS_INTERNAL;
+        return c->W > 1 ? ENG_STATUS_OK : dev_apply(c, rp, rp->gbuf);
+    }
     float share = rp->b->rows > 0 ? (float)((double)rp->rows / (double)rp->b->rows) : 0.0f;
     int have = ok && rp->rows > 0;
     /* every rank makes every collective call, in parameter order, whatever happened to it (or the others would
@@ -217,7 +226,7 @@ eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
         if (p->out < 0) continue;
         void *buf = NULL;
         if (have) buf = rp->outs[p->out].data;
-        else if ((st = zeros(c, rp, k, &buf)) != ENG_STATUS_OK) return st; /* no buffer: nothing to call with */
+        else if ((st = trn_dev_zeros(c, rp, k, &buf)) != ENG_STATUS_OK) return st; /* no buffer: nothing to call with */
         if (c->dcomm) { /* several replicas, or several processes (then it also scales a lone replica's share) */
             st = krn_comm_allreduce(c->dev, c->dcomm, rp->rank, rp->dctx, buf, (size_t)p->n, share);
             if (st != ENG_STATUS_OK && first == ENG_STATUS_OK) first = st;
@@ -274,6 +283,7 @@ eng_status trn_dev_world(trn_ctx *c, double *loss, double *acc) {
 
 void trn_dev_free(trn_ctx *c) {
     if (!c->dev) return;
+    trn_buckets_free(c); /* its contexts and events, before the replicas' */
     krn_comm_free(c->dev, &c->dcomm);
     c->dcomm_world = 0;
     krn_host_free(c->dev, c->dev_pack);

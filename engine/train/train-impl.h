@@ -95,6 +95,8 @@ void trn_ckpt_prune(const char *dir, int keep);
 /* ---- the trainer ---- */
 
 typedef struct trn_replica trn_replica;
+typedef struct trn_buckets trn_buckets;       /* train-buckets.c */
+typedef struct trn_bucket_rep trn_bucket_rep;
 
 /* train-precision.c: the output layer's nodes, kept fp32 in mixed-precision training (names owned). */
 typedef struct trn_fp32_nodes {
@@ -163,6 +165,7 @@ typedef struct trn_ctx {
     float *dev_pack;                 /* W > 1: the process's reduced gradients on their way through MPI */
     unsigned char *dev_in, *dev_out; /* the training session's masks (by graph input / output) */
     int dev_dirty;                   /* the device weights changed since the last trn_weights_to_host */
+    struct trn_buckets *bk;          /* gradient buckets overlapping the backward pass (train-buckets.c), or NULL */
     eng_comm *comm;         /* the R local replicas (threads) */
     eng_comm *world;        /* the processes of a multi-process job (o->world), NULL alone */
     int W, wrank;           /* world size (1 alone) and this process's rank */
@@ -209,6 +212,7 @@ struct trn_replica {
     void **dw, **dz;
     void **gbuf;          /* this step's reduced gradient / statistic per param (device memory) */
     eng_optim *optim;
+    struct trn_bucket_rep *bq;  /* this replica's bucket state: its communication context, events (train-buckets.c) */
 };
 
 
@@ -232,6 +236,23 @@ void trn_replicas_free(trn_ctx *c);
 eng_status trn_dev_plan(trn_ctx *c, const eng_graph *gt, eng_session_opts *so);
 eng_status trn_dev_alloc(trn_ctx *c);
 eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok);
+/* Zeros standing in for param k's gradient on a replica that ran no rows (or failed): device memory of its own,
+ * zeroed now (its context synchronised). */
+eng_status trn_dev_zeros(trn_ctx *c, trn_replica *rp, int k, void **out);
+/* train-buckets.c: gradients all-reduced in buckets of about o->bucket_mb while the backward pass runs (PyTorch DDP's
+ * scheme). trn_buckets_new (the trainer's thread, before a step's replicas start; once): when device-resident with
+ * collectives and buckets on, the buckets from the training graph and each replica's communication context and
+ * events; else nothing (c->bk stays NULL). trn_buckets_ready is the replicas' sessions' on_ready hook (its arg: the
+ * replica). trn_buckets_begin before a replica's run; trn_buckets_finish after it (ok: its run succeeded), on its
+ * thread: the buckets not sent yet (zeros where it failed), then its compute context waits for the last one; fills
+ * rp->gbuf. trn_buckets_free logs the totals (TENSORD_VERBOSE or progress on) and frees. */
+eng_status trn_buckets_new(trn_ctx *c);
+void trn_buckets_ready(void *arg, krn_ctx *ctx, const int *idx, const eng_tensor *outs, int n);
+void trn_buckets_begin(trn_ctx *c, trn_replica *rp);
+eng_status trn_buckets_finish(trn_ctx *c, trn_replica *rp, int ok);
+/* Buckets per step (0: no buckets) and, summed over steps and replicas, buckets sent and those sent during runs. */
+void trn_buckets_counts(const trn_ctx *c, int *nbuckets, int64_t *sent, int64_t *during);
+void trn_buckets_free(trn_ctx *c);
 /* W > 1, on the trainer's thread after the replicas: the processes' sum of the reduced gradients (and of loss / acc,
  * the process's shares in, the job's out) through MPI, then every replica's update. */
 eng_status trn_dev_world(trn_ctx *c, double *loss, double *acc);

@@ -111,6 +111,10 @@ eng_status trn_replicas_new(trn_ctx *c, eng_graph *gt) {
         rp->c = c;
         rp->rank = r;
         ENG_TRY(trn_replica_device(c->o, r, &so));
+        if (c->dev && c->o->bucket_mb >= 0) { /* gradient buckets (train-buckets.c): the plan reports finished outputs */
+            so.on_ready = trn_buckets_ready;
+            so.ready_arg = rp;
+        }
         eng_graph *g = eng_graph_clone(gt);
         if (!g) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory cloning the training graph");
         ENG_TRY(eng_session_new_graph(g, &so, &rp->s));
@@ -146,6 +150,7 @@ static eng_status replica_run_dev(trn_replica *rp) {
     trn_ctx *c = rp->c;
     eng_status st = ENG_STATUS_OK;
     rp->loss = rp->acc = 0;
+    trn_buckets_begin(c, rp); /* gradient buckets: sent from inside the run (trn_buckets_ready) */
     if (rp->rows > 0) {
         feed_rows(&c->feed_train, rp->feed, rp->b, rp->row0, rp->rows);
         st = eng_session_run(rp->s, rp->nfeed, rp->names, rp->feed, rp->outs);
@@ -236,6 +241,7 @@ eng_status trn_step(trn_ctx *c, const eng_batch *b, double *loss, double *acc) {
         rp->err[0] = 0;
     }
     c->ls_value = eng_loss_scaler_value(&c->ls);
+    ENG_TRY(trn_buckets_new(c)); /* once, before the first step's replicas start (nothing without buckets) */
     pthread_t th[256];
     int started = 0;
     eng_status st = ENG_STATUS_OK;

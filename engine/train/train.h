@@ -89,6 +89,10 @@ typedef struct eng_train_opts {
                                     * The trainer's weights and optimizer stay in host memory: each step copies the
                                     * weights in and the gradients out. NULL / 0: every replica on the CPU */
     int ndevices;
+    double bucket_mb;              /* device-resident replicas with collectives: gradients are all-reduced in buckets
+                                    * of about this many MB (10^6 bytes), each sent while the backward pass goes on
+                                    * (train-buckets.c); 0: 25 (PyTorch DDP's bucket_cap_mb); < 0: no buckets (every
+                                    * gradient all-reduced after the replica's whole run) */
     struct eng_comm *world;        /* optional (allreduce.h, e.g. eng_comm_new_mpi): this process is one rank of a
                                     * multi-process job. Every rank reads the same data in the same order; rank k of W
                                     * trains on shards k*R .. k*R+R-1 of each global batch (W*R shards in all), and

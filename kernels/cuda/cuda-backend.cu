@@ -35,6 +35,8 @@ eng_status cuda_graph_launch(krn_ctx *c, krn_graph *g);
 void cuda_graph_free(krn_graph *g);
 eng_status cuda_comm_id_new(krn_comm_id *id);
 eng_status cuda_comm_new_ranks(const krn_comm_id *id, int nranks, int first, int nlocal, const int *devices, krn_comm **out);
+eng_status cuda_comm_allreduce_many(krn_comm *cm, int rank, krn_ctx *c, float *const *bufs, const size_t *ns, int count,
+                                    float prescale);
 }
 
 static const krn_kernel *const cuda_tables[] = {
@@ -376,6 +378,8 @@ static const krn_backend cuda_backend = {
     /* multi-process collectives */
     .comm_id_new = TENSORD_NCCL ? cuda_comm_id_new : NULL,
     .comm_new_ranks = TENSORD_NCCL ? cuda_comm_new_ranks : NULL,
+    /* bucketed collectives */
+    .comm_allreduce_many = cuda_comm_allreduce_many,
 };
 
 /* The backend when a CUDA driver and at least one device are present, else NULL with why[] saying which is missing.

@@ -157,3 +157,44 @@ extern "C" eng_status cuda_comm_new_ranks(const krn_comm_id *id, int nranks, int
                    first + nlocal - 1, nranks);
 }
 #endif
+
+/* ---- bucketed collectives: a gradient bucket's all-reduces as one NCCL group on the context's stream (the trainer's
+ * communication stream, which waits for the backward pass's event first). Each buffer is prescaled on the stream,
+ * then ncclGroupStart, one ncclAllReduce per buffer, ncclGroupEnd: NCCL launches the bucket as one operation. A
+ * failure inside the group still ends the group (NCCL requires it) and is reported naming the bucket's first failing
+ * buffer. */
+#if TENSORD_NCCL
+extern "C" eng_status cuda_comm_allreduce_many(krn_comm *cm, int rank, krn_ctx *c, float *const *bufs, const size_t *ns,
+                                               int count, float prescale) {
+    cuda_ctx *x = (cuda_ctx *)c;
+    if (rank < 0 || rank >= cm->n) return eng_err(ENG_STATUS_INTERNAL, "NCCL: rank %d of %d", rank, cm->n);
+    CUDA_TRY("bucket all-reduce", cudaSetDevice(x->device));
+    for (int j = 0; j < count && prescale != 1.0f; j++)
+        if (ns[j]) {
+            comm_scale<<<cuda_grid((long long)ns[j], 256), 256, 0, x->stream>>>(bufs[j], (long long)ns[j], prescale);
+            CUDA_LAUNCHED("bucket all-reduce prescale");
+        }
+    ncclResult_t r = ncclGroupStart(), bad = ncclSuccess;
+    if (r != ncclSuccess)
+        return eng_err(ENG_STATUS_INTERNAL, "NCCL: ncclGroupStart on cuda:%d (rank %d): %s", x->device, rank,
+                       ncclGetErrorString(r));
+    int badj = -1;
+    for (int j = 0; j < count; j++) {
+        r = ncclAllReduce(bufs[j], bufs[j], ns[j], ncclFloat32, ncclSum, cm->comms[rank], x->stream);
+        if (r != ncclSuccess && bad == ncclSuccess) bad = r, badj = j;
+    }
+    r = ncclGroupEnd();
+    if (bad != ncclSuccess)
+        return eng_err(ENG_STATUS_INTERNAL, "NCCL: bucket all-reduce %d of %d (%zu floats) on cuda:%d (rank %d): %s",
+                       badj + 1, count, ns[badj], x->device, rank, ncclGetErrorString(bad));
+    if (r != ncclSuccess)
+        return eng_err(ENG_STATUS_INTERNAL, "NCCL: ncclGroupEnd of a bucket of %d all-reduces on cuda:%d (rank %d): %s",
+                       count, x->device, rank, ncclGetErrorString(r));
+    return ENG_STATUS_OK;
+}
+#else
+extern "C" eng_status cuda_comm_allreduce_many(krn_comm *cm, int rank, krn_ctx *c, float *const *bufs, const size_t *ns,
+                                               int count, float prescale) {
+    return eng_err(ENG_STATUS_UNSUPPORTED, "this build has no NCCL");
+}
+#endif

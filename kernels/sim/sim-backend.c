@@ -11,6 +11,10 @@
  * it counts as an exec, and fails at the next sync, as a fault in a CUDA graph surfaces);
  * TENSORD_SIM_FAIL_INIT=name makes its init fail as a cuBLASLt / cuDNN algorithm search can. Graphs, recorded and
  * replayed as CUDA Graphs are: sim-graph.c.
+ * Its work is done when a call returns (contexts and events order nothing), but it records what a device would
+ * have overlapped: an event remembers the context it was recorded on, a context that waits for it remembers that
+ * context, and a bucketed all-reduce issued on the waiting context counts as overlapped when the recording context
+ * still runs a kernel before its next sync (krn_sim_stats: a gradient bucket sent while the backward pass went on).
  * Never for serving: `--device sim` says in the log that it is a test device.
  */
 #define _GNU_SOURCE
@@ -34,7 +38,21 @@ static sim_block *sim_blocks;
 static int sim_nblocks, sim_capblocks;
 static size_t sim_used[64];
 
-struct krn_event { int dummy; };
+struct krn_event { krn_ctx *src; };
+
+static atomic_long sim_groups, sim_allreduces, sim_overlapped;
+
+void krn_sim_stats_get(krn_sim_stats *out) {
+    out->groups = atomic_load(&sim_groups);
+    out->allreduces = atomic_load(&sim_allreduces);
+    out->overlapped = atomic_load(&sim_overlapped);
+}
+
+void krn_sim_stats_reset(void) {
+    atomic_store(&sim_groups, 0);
+    atomic_store(&sim_allreduces, 0);
+    atomic_store(&sim_overlapped, 0);
+}
 
 static int sim_devices(void) {
     const char *e = getenv("TENSORD_SIM_DEVICES");
@@ -138,7 +156,11 @@ static void sim_ctx_free(krn_ctx *c) {
     if (c && c->cap) sim_graph_ctx_free(c);
     free(c);
 }
-static eng_status sim_ctx_sync(krn_ctx *c) { return c ? sim_graph_sync(c) : ENG_STATUS_OK; }
+static eng_status sim_ctx_sync(krn_ctx *c) {
+    if (!c) return ENG_STATUS_OK;
+    atomic_store(&c->waiting, 0); /* what waited for it now follows all of its work */
+    return sim_graph_sync(c);
+}
 
 eng_status sim_copy_in(krn_ctx *c, void *dst, const void *src, size_t n, int dst_dev, int src_dev) {
     if ((dst_dev && !sim_owns(dst, n)) || (src_dev && !sim_owns(src, n)))
@@ -160,6 +182,33 @@ static eng_status sim_event_new(krn_ctx *c, krn_event **out) {
     return *out ? ENG_STATUS_OK : eng_err(ENG_STATUS_OUT_OF_MEMORY, "sim: out of memory");
 }
 static void sim_event_free(krn_event *e) { free(e); }
+static eng_status sim_event_record(krn_ctx *c, krn_event *e) {
+    e->src = c;
+    return ENG_STATUS_OK;
+}
+static eng_status sim_event_wait(krn_ctx *c, krn_event *e) {
+    if (c && e->src != c) c->after = e->src;
+    return ENG_STATUS_OK;
+}
+
+/* A bucket: the all-reduces one by one (each a rendezvous of the ranks), every one made whatever failed before. */
+static eng_status sim_comm_allreduce_many(krn_comm *cm, int rank, krn_ctx *c, float *const *bufs, const size_t *ns,
+                                          int count, float prescale) {
+    eng_status first = ENG_STATUS_OK;
+    char err[512] = "";
+    for (int j = 0; j < count; j++) {
+        eng_status st = sim_comm_allreduce(cm, rank, c, bufs[j], ns[j], prescale);
+        if (st != ENG_STATUS_OK && first == ENG_STATUS_OK) {
+            first = st;
+            snprintf(err, sizeof err, "%s", eng_last_error());
+        }
+    }
+    atomic_fetch_add(&sim_groups, 1);
+    atomic_fetch_add(&sim_allreduces, count);
+    if (c && c->after) atomic_fetch_add(&c->after->waiting, 1);
+    if (c) c->after = NULL;
+    return first == ENG_STATUS_OK ? first : eng_err(first, "%s", err);
+}
 
 /* ---- kernels: the CPU's, on opened sim memory ---- */
 
@@ -207,6 +256,7 @@ static eng_status sim_call(const krn_kernel *k, krn_call *c, int init, const cha
     if (!init && sim_should_fail(name))
         return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected launch failure (TENSORD_SIM_FAIL_KERNEL)", dev, name);
     if (init && !k->init) return ENG_STATUS_OK;
+    if (!init) atomic_fetch_add(&sim_overlapped, atomic_exchange(&c->ctx->waiting, 0));
     return sim_kernel_run(k, c, init);
 }
 
@@ -295,11 +345,13 @@ static const krn_backend krn_sim_backend = {
     .is_host = 0, .alignment = 64, .device_count = sim_devices, .mem_info = sim_mem_info,
     .ctx_new = sim_ctx_new, .ctx_free = sim_ctx_free, .ctx_sync = sim_ctx_sync,
     .alloc = sim_alloc, .free = sim_free, .set = sim_set, .get = sim_get, .copy = sim_copy,
-    .event_new = sim_event_new, .event_free = sim_event_free,
+    .event_new = sim_event_new, .event_record = sim_event_record, .event_wait = sim_event_wait,
+    .event_free = sim_event_free,
+    .comm_new = sim_comm_new, .comm_allreduce = sim_comm_allreduce, .comm_free = sim_comm_free, /* sim-comm.c */
+    .comm_allreduce_many = sim_comm_allreduce_many,
     /* graphs */
     .graph_begin = sim_graph_begin, .graph_end = sim_graph_end, .graph_launch = sim_graph_launch,
     .graph_free = sim_graph_free,
-    .comm_new = sim_comm_new, .comm_allreduce = sim_comm_allreduce, .comm_free = sim_comm_free, /* sim-comm.c */
     /* multi-process collectives */
     .comm_id_new = sim_comm_id_new, .comm_new_ranks = sim_comm_new_ranks,
 };

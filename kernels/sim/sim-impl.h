@@ -3,6 +3,8 @@
 #ifndef KRN_SIM_IMPL_H
 #define KRN_SIM_IMPL_H
 
+#include <stdatomic.h>
+
 #include "../backend-impl.h"
 
 typedef struct sim_capture sim_capture;
@@ -11,6 +13,8 @@ typedef struct sim_capture sim_capture;
  * and copies go to instead of running (sim-graph.c). */
 struct krn_ctx {
     int dev;
+    krn_ctx *after;       /* the context of the last event this one waited for (until its next bucketed all-reduce) */
+    atomic_long waiting;  /* bucketed all-reduces that waited for this context's events since its last kernel / sync */
     sim_capture *cap;
     eng_status fault;      /* a kernel of a launched graph failed: reported (and cleared) by the next sync */
     char fault_msg[512];

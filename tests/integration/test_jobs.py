@@ -288,6 +288,8 @@ def test_bad_submissions_are_refused_up_front(tmp_path):
             ({**ok, "recompute": 1}, 400, ["recompute"]),
             ({**ok, "loss_scale": -4}, 400, ["loss_scale"]),
             ({**ok, "loss_scale_growth_steps": 0.5}, 400, ["loss_scale_growth_steps"]),
+            ({**ok, "bucket_mb": -1}, 400, ["bucket_mb"]),
+            ({**ok, "bucket_mb": "25"}, 400, ["bucket_mb"]),
             ({**ok, "base_version": 7}, 404, ["7"]),
             ({**ok, "on_complete": {"action": "canary", "min_val_accuracy": 0.9}}, 400, ["validation"]),
             ({**ok, "on_complete": {"action": "launch"}}, 400, ["action"]),
