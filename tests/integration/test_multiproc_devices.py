@@ -96,22 +96,27 @@ def test_coordinator_ranks_on_devices_write_the_weights_of_one_process(tensord_b
     before = sim_segments()
     cp = subprocess.run(train_args(tensord_bin, base, data, 2), capture_output=True, text=True, timeout=TIMEOUT)
     assert cp.returncode == 0, cp.stderr
-    for v, devices, nd in ((3, "sim:0", 1), (4, "sim:0,sim:1", 2)):
+    # version 5: small gradient buckets (train-buckets.c), all-reduced across both processes during the backward pass
+    for v, devices, nd, more in ((3, "sim:0", 1, ()), (4, "sim:0,sim:1", 2, ()),
+                                 (5, "sim:0,sim:1", 2, ("--bucket-mb", "0.0001"))):
         port = free_port()
-        procs = [start(train_args(tensord_bin, base, data, v, extra=("--devices", devices)), rank_env(r, 2, port))
-                 for r in (1, 0)]  # rank 1 first: it waits for the coordinator with backoff
+        procs = [start(train_args(tensord_bin, base, data, v, extra=("--devices", devices) + more),
+                       rank_env(r, 2, port)) for r in (1, 0)]  # rank 1 first: it waits for the coordinator with backoff
         (rc1, out1, err1), (rc0, out0, err0) = finish(procs)
         assert rc0 == 0 and rc1 == 0, f"rank 0:\n{err0}\nrank 1:\n{err1}"
         for err in (err0, err1):
             assert re.search(LINE % (nd, 2 * nd), err), err
         assert "all 2 ranks joined" in err0, err0
+        if more:
+            b = re.search(r"gradient buckets: (\d+) per step", err0)
+            assert b and int(b.group(1)) > 1, err0
         assert out0.count("version %d:" % v) == 1 and "version" not in out1, (out0, out1)
         assert_same_weights(base, 2, v, f"version {v} ({devices} per process)")
         m = json.load(open(base / str(v) / "metrics.json"))
         assert m["settings"]["processes"] == 2, m["settings"]
         m1 = json.load(open(base / "2" / "metrics.json"))
         assert abs(m["epochs"][-1]["loss"] - m1["epochs"][-1]["loss"]) <= 1e-5, (m["epochs"][-1], m1["epochs"][-1])
-    assert sorted(os.listdir(base)) == ["1", "2", "3", "4", "logs"], os.listdir(base)
+    assert sorted(os.listdir(base)) == ["1", "2", "3", "4", "5", "logs"], os.listdir(base)
     assert sim_segments() <= before, "a sim communicator's shared-memory segment was left behind"
 
 
