@@ -12,6 +12,7 @@ LeakSanitizer, UBSan `runtime error:`). A signal exit (negative return code here
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -86,6 +87,19 @@ class Tensord:
                 if f.endswith(".npy"):
                     outs[f[:-4]] = np.load(out_dir / f)
         return Result(cp, outs)
+
+
+@pytest.fixture(scope="session")
+def mpirun():
+    """The mpirun command line for the multi-process training tests; missing mpirun fails under CI, else skips."""
+    path = shutil.which("mpirun")
+    if not path:
+        msg = "mpirun not found: install openmpi-bin and libopenmpi-dev (make deps) and rebuild"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    # root in CI: OpenMPI refuses to run as root without these; --oversubscribe: a 1-core runner still has 2 slots
+    return [path, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 
 
 @pytest.fixture

@@ -13,14 +13,13 @@ bucket whose all-reduce was issued while the plan's context still had kernels to
   takes the host path, which has no buckets.
 """
 import json
-import os
 import re
 import subprocess
 
 import numpy as np
 import pytest
 
-from train_util import mlp_and_data, weights
+from train_util import close_weights as close, mlp_and_data, run_adam as train, weights
 
 TIMEOUT = 180
 STEPS = 20  # 2 epochs of 400 rows in batches of 40
@@ -29,20 +28,6 @@ STEPS = 20  # 2 epochs of 400 rows in batches of 40
 @pytest.fixture
 def setup(tensord_bin, tmp_path):
     return mlp_and_data(tensord_bin, tmp_path, 400)
-
-
-def train(tensord_bin, base, data, version, extra=(), env=None, batch=40):
-    args = [tensord_bin, "train", "--model-base-path", str(base), "--base-version", "1", "--new-version", str(version),
-            "--data", str(data), "--epochs", "2", "--batch-size", str(batch), "--optimizer", "adam", "--lr", "0.01",
-            "--loss", "sparse_categorical_crossentropy", "--seed", "3", "--threads", "1", "--no-progress", *extra]
-    return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, **(env or {})})
-
-
-def close(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        scale = max(1.0, float(np.abs(a[k]).max()))
-        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=1e-6 * scale, err_msg=k)
 
 
 def buckets(stderr):

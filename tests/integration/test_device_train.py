@@ -10,7 +10,6 @@ copies and failure modes, the CPU's kernels for a subset of ops; no GPU here).
   weight copies per step), and a run resumed from a checkpoint ends at the uninterrupted run's weights.
 """
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from train_util import mlp_and_data, weights
+from train_util import close_weights as close, mlp_and_data, run_adam as train, weights
 
 TIMEOUT = 180
 
@@ -26,20 +25,6 @@ TIMEOUT = 180
 @pytest.fixture
 def setup(tensord_bin, tmp_path):
     return mlp_and_data(tensord_bin, tmp_path, 400)
-
-
-def train(tensord_bin, base, data, version, extra=(), env=None):
-    args = [tensord_bin, "train", "--model-base-path", str(base), "--base-version", "1", "--new-version", str(version),
-            "--data", str(data), "--epochs", "2", "--batch-size", "40", "--optimizer", "adam", "--lr", "0.01",
-            "--loss", "sparse_categorical_crossentropy", "--seed", "3", "--threads", "1", "--no-progress", *extra]
-    return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, **(env or {})})
-
-
-def close(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        scale = max(1.0, float(np.abs(a[k]).max()))
-        np.testing.assert_allclose(a[k], b[k], rtol=0, atol=1e-6 * scale, err_msg=k)
 
 
 def test_one_and_two_devices_train_to_the_cpu_weights(tensord_bin, setup):

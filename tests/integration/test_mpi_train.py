@@ -17,7 +17,6 @@ missing mpirun is a broken install and fails.
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -25,21 +24,9 @@ import time
 import numpy as np
 import pytest
 
-from train_util import mlp_and_data, weights
+from train_util import adam_args, mlp_and_data, weights
 
 TIMEOUT = 120
-MPIRUN = shutil.which("mpirun")
-
-
-@pytest.fixture(scope="module")
-def mpirun():
-    if not MPIRUN:
-        msg = "mpirun not found: install openmpi-bin and libopenmpi-dev (make deps) and rebuild"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    # root in CI: OpenMPI refuses to run as root without these; --oversubscribe: a 1-core runner still has 2 slots
-    return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 
 
 @pytest.fixture
@@ -49,10 +36,7 @@ def setup(tensord_bin, tmp_path):
 
 def train_args(tensord_bin, base, data, version, epochs=3, batch=48, extra=()):
     # batch 48 over 600 rows: 12 full batches and one of 24 per epoch, which 2 x 2 shards split unevenly
-    return [tensord_bin, "train", "--model-base-path", str(base), "--base-version", "1", "--new-version", str(version),
-            "--data", str(data), "--epochs", str(epochs), "--batch-size", str(batch), "--optimizer", "adam",
-            "--lr", "0.01", "--loss", "sparse_categorical_crossentropy", "--seed", "3", "--threads", "1",
-            "--no-progress", *extra]
+    return adam_args(tensord_bin, base, data, version, epochs, batch, extra)
 
 
 def test_two_ranks_write_the_weights_of_one_process(tensord_bin, mpirun, setup):

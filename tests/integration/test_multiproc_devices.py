@@ -17,7 +17,6 @@ import glob
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,10 +25,9 @@ import time
 import numpy as np
 import pytest
 
-from train_util import mlp_and_data, weights
+from train_util import adam_args, mlp_and_data, weights
 
 TIMEOUT = 120
-MPIRUN = shutil.which("mpirun")
 LINE = r"gradients all-reduced on the devices by one sim communicator over 2 processes x %d devices \(%d ranks\)"
 
 
@@ -39,11 +37,8 @@ def setup(tensord_bin, tmp_path):
 
 
 def train_args(tensord_bin, base, data, version, epochs=3, batch=48, extra=()):
-    # as test_mpi_train.py: 12 full batches of 48 and one of 24 per epoch, split unevenly over 2 x 2 shards
-    return [tensord_bin, "train", "--model-base-path", str(base), "--base-version", "1", "--new-version", str(version),
-            "--data", str(data), "--epochs", str(epochs), "--batch-size", str(batch), "--optimizer", "adam",
-            "--lr", "0.01", "--loss", "sparse_categorical_crossentropy", "--seed", "3", "--threads", "1",
-            "--no-progress", *extra]
+    # batch 48 over 600 rows: 12 full batches and one of 24 per epoch, which 2 x 2 shards split unevenly
+    return adam_args(tensord_bin, base, data, version, epochs, batch, extra)
 
 
 def free_port():
@@ -118,16 +113,6 @@ def test_coordinator_ranks_on_devices_write_the_weights_of_one_process(tensord_b
         assert abs(m["epochs"][-1]["loss"] - m1["epochs"][-1]["loss"]) <= 1e-5, (m["epochs"][-1], m1["epochs"][-1])
     assert sorted(os.listdir(base)) == ["1", "2", "3", "4", "5", "logs"], os.listdir(base)
     assert sim_segments() <= before, "a sim communicator's shared-memory segment was left behind"
-
-
-@pytest.fixture
-def mpirun():
-    if not MPIRUN:
-        msg = "mpirun not found: install openmpi-bin and libopenmpi-dev (make deps) and rebuild"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 
 
 def test_mpi_ranks_on_devices_share_one_communicator(tensord_bin, mpirun, setup):

@@ -1,6 +1,7 @@
-/* graph-fixture.h - what unit tests that build graphs by hand share (test_autodiff.c, test_train_fastpath.c): a new
- * value, a graph input or float32 initializer with its shape recorded, and appending to an int list (g->inputs,
- * g->outputs). Include after criterion and the engine's graph header.
+/* graph-fixture.h - what unit tests that build graphs by hand share (test_autodiff.c, test_train_fastpath.c,
+ * test_place.c, ...): a new value, a one-output node, a graph input or float32 initializer with its shape recorded,
+ * appending to an int list (g->inputs, g->outputs), and a seeded uniform draw. Include after criterion and the
+ * engine's graph header.
  */
 #ifndef TESTS_UNIT_GRAPH_FIXTURE_H
 #define TESTS_UNIT_GRAPH_FIXTURE_H
@@ -13,6 +14,19 @@
 #define GFX static __attribute__((unused))
 
 GFX int val(eng_graph *g, const char *name) { return eng_graph_add_value(g, name); }
+
+/* A default-domain node `type` named `name` with one output, a new value also named `name`; returns that value. */
+GFX int gfx_node(eng_graph *g, const char *name, const char *type, const int *in, int nin) {
+    int out = val(g, name);
+    cr_assert_geq(eng_graph_add_node(g, name, type, "", in, nin, &out, 1), 0);
+    return out;
+}
+
+/* Uniform in [-0.5, 0.5) from the linear congruential state *s. */
+GFX float gfx_frand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffffff) / 16777216.0f - 0.5f;
+}
 
 GFX void list_add(int **a, int *n, int v) {
     *a = realloc(*a, (size_t)(*n + 1) * sizeof(int));

@@ -18,12 +18,6 @@
 
 enum { B = 4, K = 8, H = 16 };
 
-static int node(eng_graph *g, const char *name, const char *type, const int *in, int nin) {
-    int out = val(g, name);
-    cr_assert_geq(eng_graph_add_node(g, name, type, "", in, nin, &out, 1), 0);
-    return out;
-}
-
 static float w1[K * H], w2[H * H], x[B * K];
 
 static eng_graph *net(void) {
@@ -35,10 +29,10 @@ static eng_graph *net(void) {
     g->opset = 17;
     int xv = input_f32(g, "x", 2, (int64_t[]){B, K});
     int W = init_f32(g, "W", 2, (int64_t[]){K, H}, w1), W2 = init_f32(g, "W2", 2, (int64_t[]){H, H}, w2);
-    int mm = node(g, "mm", "MatMul", (int[]){xv, W}, 2);
-    int relu = node(g, "relu", "Relu", (int[]){mm}, 1);
-    int mm2 = node(g, "mm2", "MatMul", (int[]){relu, W2}, 2);
-    int y = node(g, "y", "Softmax", (int[]){mm2}, 1);
+    int mm = gfx_node(g, "mm", "MatMul", (int[]){xv, W}, 2);
+    int relu = gfx_node(g, "relu", "Relu", (int[]){mm}, 1);
+    int mm2 = gfx_node(g, "mm2", "MatMul", (int[]){relu, W2}, 2);
+    int y = gfx_node(g, "y", "Softmax", (int[]){mm2}, 1);
     list_add(&g->outputs, &g->noutputs, y);
     list_add(&g->outputs, &g->noutputs, relu);
     return g;

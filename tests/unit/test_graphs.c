@@ -13,43 +13,32 @@
 
 enum { B = 4, K = 16, H = 32, RUNS = 7 };
 
-static int node(eng_graph *g, const char *name, const char *type, const int *in, int nin) {
-    int out = val(g, name);
-    cr_assert_geq(eng_graph_add_node(g, name, type, "", in, nin, &out, 1), 0);
-    return out;
-}
-
-static float frand(unsigned *s) {
-    *s = *s * 1664525u + 1013904223u;
-    return (float)((*s >> 8) & 0xffffff) / 16777216.0f - 0.5f;
-}
-
 /* x[B,K] -> MatMul W -> Add b -> Relu -> Flatten (an alias) -> Add x2[B,H] (a second input, first read mid-run) ->
  * MatMul W2 -> Softmax -> y. Outputs: y, relu, Identity(x2) (an alias of an input: the caller's memory). With
  * `cpu_step`, a LayerNormalization (no sim kernel: the CPU) after the first Add. */
 static eng_graph *net(int cpu_step) {
     static float w[K * H], b[H], s[H], z[H], w2[H * H];
     unsigned seed = 5;
-    for (int i = 0; i < K * H; i++) w[i] = frand(&seed);
-    for (int i = 0; i < H; i++) b[i] = frand(&seed), s[i] = 1.0f + frand(&seed), z[i] = frand(&seed);
-    for (int i = 0; i < H * H; i++) w2[i] = frand(&seed);
+    for (int i = 0; i < K * H; i++) w[i] = gfx_frand(&seed);
+    for (int i = 0; i < H; i++) b[i] = gfx_frand(&seed), s[i] = 1.0f + gfx_frand(&seed), z[i] = gfx_frand(&seed);
+    for (int i = 0; i < H * H; i++) w2[i] = gfx_frand(&seed);
     eng_graph *g = eng_graph_new();
     g->opset = 17;
     int x = input_f32(g, "x", 2, (int64_t[]){B, K}), x2 = input_f32(g, "x2", 2, (int64_t[]){B, H});
     int W = init_f32(g, "W", 2, (int64_t[]){K, H}, w), bb = init_f32(g, "b", 1, (int64_t[]){H}, b);
     int W2 = init_f32(g, "W2", 2, (int64_t[]){H, H}, w2);
-    int mm = node(g, "mm", "MatMul", (int[]){x, W}, 2);
-    int add = node(g, "add", "Add", (int[]){mm, bb}, 2);
+    int mm = gfx_node(g, "mm", "MatMul", (int[]){x, W}, 2);
+    int add = gfx_node(g, "add", "Add", (int[]){mm, bb}, 2);
     if (cpu_step) {
         int S = init_f32(g, "scale", 1, (int64_t[]){H}, s), Z = init_f32(g, "bias", 1, (int64_t[]){H}, z);
-        add = node(g, "ln", "LayerNormalization", (int[]){add, S, Z}, 3);
+        add = gfx_node(g, "ln", "LayerNormalization", (int[]){add, S, Z}, 3);
     }
-    int relu = node(g, "relu", "Relu", (int[]){add}, 1);
-    int fl = node(g, "flat", "Flatten", (int[]){relu}, 1);
-    int add2 = node(g, "add2", "Add", (int[]){fl, x2}, 2);
-    int mm2 = node(g, "mm2", "MatMul", (int[]){add2, W2}, 2);
-    int y = node(g, "y", "Softmax", (int[]){mm2}, 1);
-    int xid = node(g, "x2_id", "Identity", (int[]){x2}, 1);
+    int relu = gfx_node(g, "relu", "Relu", (int[]){add}, 1);
+    int fl = gfx_node(g, "flat", "Flatten", (int[]){relu}, 1);
+    int add2 = gfx_node(g, "add2", "Add", (int[]){fl, x2}, 2);
+    int mm2 = gfx_node(g, "mm2", "MatMul", (int[]){add2, W2}, 2);
+    int y = gfx_node(g, "y", "Softmax", (int[]){mm2}, 1);
+    int xid = gfx_node(g, "x2_id", "Identity", (int[]){x2}, 1);
     list_add(&g->outputs, &g->noutputs, y);
     list_add(&g->outputs, &g->noutputs, relu);
     list_add(&g->outputs, &g->noutputs, xid);
@@ -60,8 +49,8 @@ static eng_graph *net(int cpu_step) {
 typedef struct feed { float x[B * K], x2[B * H]; } feed;
 static void fill(feed *f, int run) {
     unsigned seed = 1000u + 77u * (unsigned)run;
-    for (int i = 0; i < B * K; i++) f->x[i] = 3.0f * frand(&seed);
-    for (int i = 0; i < B * H; i++) f->x2[i] = frand(&seed);
+    for (int i = 0; i < B * K; i++) f->x[i] = 3.0f * gfx_frand(&seed);
+    for (int i = 0; i < B * H; i++) f->x2[i] = gfx_frand(&seed);
 }
 static void as_inputs(feed *f, eng_tensor in[2]) {
     in[0] = (eng_tensor){.dtype = ENG_DTYPE_F32, .ndim = 2, .dims = {B, K}, .data = f->x};

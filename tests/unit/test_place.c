@@ -13,17 +13,6 @@
 #include "kernels/backend-impl.h"
 #include "graph-fixture.h"
 
-static int node(eng_graph *g, const char *name, const char *type, const int *in, int nin) {
-    int out = val(g, name);
-    cr_assert_geq(eng_graph_add_node(g, name, type, "", in, nin, &out, 1), 0);
-    return out;
-}
-
-static float frand(unsigned *s) {
-    *s = *s * 1664525u + 1013904223u;
-    return (float)((*s >> 8) & 0xffffff) / 16777216.0f - 0.5f;
-}
-
 enum { B = 4, K = 16, H = 32 };
 
 /* x[B,K] -> MatMul W[K,H] -> Add b -> LayerNormalization (sim has no kernel: the CPU) -> Relu -> MatMul W2[H,H]
@@ -31,21 +20,21 @@ enum { B = 4, K = 16, H = 32 };
 static eng_graph *mlp(void) {
     static float w[K * H], b[H], s[H], z[H], w2[H * H];
     unsigned seed = 7;
-    for (int i = 0; i < K * H; i++) w[i] = frand(&seed);
-    for (int i = 0; i < H; i++) b[i] = frand(&seed), s[i] = 1.0f + frand(&seed), z[i] = frand(&seed);
-    for (int i = 0; i < H * H; i++) w2[i] = frand(&seed);
+    for (int i = 0; i < K * H; i++) w[i] = gfx_frand(&seed);
+    for (int i = 0; i < H; i++) b[i] = gfx_frand(&seed), s[i] = 1.0f + gfx_frand(&seed), z[i] = gfx_frand(&seed);
+    for (int i = 0; i < H * H; i++) w2[i] = gfx_frand(&seed);
     eng_graph *g = eng_graph_new();
     g->opset = 17;
     int x = input_f32(g, "x", 2, (int64_t[]){B, K});
     int W = init_f32(g, "W", 2, (int64_t[]){K, H}, w), bb = init_f32(g, "b", 1, (int64_t[]){H}, b);
     int S = init_f32(g, "scale", 1, (int64_t[]){H}, s), Z = init_f32(g, "bias", 1, (int64_t[]){H}, z);
     int W2 = init_f32(g, "W2", 2, (int64_t[]){H, H}, w2);
-    int mm = node(g, "mm", "MatMul", (int[]){x, W}, 2);
-    int add = node(g, "add", "Add", (int[]){mm, bb}, 2);
-    int ln = node(g, "ln", "LayerNormalization", (int[]){add, S, Z}, 3);
-    int relu = node(g, "relu", "Relu", (int[]){ln}, 1);
-    int mm2 = node(g, "mm2", "MatMul", (int[]){relu, W2}, 2);
-    int y = node(g, "y", "Softmax", (int[]){mm2}, 1);
+    int mm = gfx_node(g, "mm", "MatMul", (int[]){x, W}, 2);
+    int add = gfx_node(g, "add", "Add", (int[]){mm, bb}, 2);
+    int ln = gfx_node(g, "ln", "LayerNormalization", (int[]){add, S, Z}, 3);
+    int relu = gfx_node(g, "relu", "Relu", (int[]){ln}, 1);
+    int mm2 = gfx_node(g, "mm2", "MatMul", (int[]){relu, W2}, 2);
+    int y = gfx_node(g, "y", "Softmax", (int[]){mm2}, 1);
     list_add(&g->outputs, &g->noutputs, y);
     list_add(&g->outputs, &g->noutputs, relu);
     return g;
@@ -53,7 +42,7 @@ static eng_graph *mlp(void) {
 
 static void feed(float *x) {
     unsigned seed = 99;
-    for (int i = 0; i < B * K; i++) x[i] = 2.0f * frand(&seed);
+    for (int i = 0; i < B * K; i++) x[i] = 2.0f * gfx_frand(&seed);
 }
 
 static eng_status run(const krn_backend *b, eng_precision prec, float *y, float *r, eng_plan_stats *st) {
@@ -308,14 +297,14 @@ Test(place, optimizer_updates_device_buffers_like_the_cpu) {
     unsigned seed = 5;
     for (int p = 0; p < 2; p++) {
         int64_t n = sizes[p];
-        for (int64_t i = 0; i < n; i++) w[p][i] = frand(&seed);
+        for (int64_t i = 0; i < n; i++) w[p][i] = gfx_frand(&seed);
         cr_assert_eq(krn_buf_alloc(b, ctx, (size_t)n * 4, &dw[p]), ENG_STATUS_OK);
         cr_assert_eq(krn_buf_alloc(b, ctx, (size_t)n * 4, &dg[p]), ENG_STATUS_OK);
         cr_assert_eq(krn_buf_set(b, ctx, dw[p], w[p], (size_t)n * 4), ENG_STATUS_OK);
     }
     for (int step = 0; step < 3; step++) {
         for (int p = 0; p < 2; p++) {
-            for (int64_t i = 0; i < sizes[p]; i++) g[p][i] = frand(&seed);
+            for (int64_t i = 0; i < sizes[p]; i++) g[p][i] = gfx_frand(&seed);
             cr_assert_eq(krn_buf_set(b, ctx, dg[p], g[p], (size_t)sizes[p] * 4), ENG_STATUS_OK);
         }
         float *wp[2] = {w[0], w[1]}, *dwp[2] = {dw[0], dw[1]};
