@@ -212,6 +212,10 @@ int srv_cmd_bench(int argc, char **argv) {
             printf(" device=%s:%d device_steps=%d fallback_steps=%d copies=%d copy_bytes=%zu device_bytes=%zu",
                    krn_backend_name(a.backend), a.device, st.device_steps, st.fallback_steps, st.copies, st.copy_bytes,
                    st.device_bytes);
+        if (st.device_steps)
+            printf(" graphs=%d graph_captures=%lld graph_launches=%lld%s%s%s", st.graphs, (long long)st.graph_captures,
+                   (long long)st.graph_launches, st.graph_off ? " (graphs off: " : "", st.graph_off ? st.graph_off : "",
+                   st.graph_off ? ")" : "");
         printf("\n");
         printf("iterations=%d min_ms=%.4f max_ms=%.4f\n", a.iterations, t[0], t[a.iterations - 1]);
         printf("median_ms=%.4f p90_ms=%.4f\n", med, p90);

@@ -14,6 +14,9 @@
 #   train     examples/s on the device vs the CPU: seed CNN, ResNet-50 (torchvision's export, or the same
 #             architecture from bench/models.py when torchvision is absent), the BERT-base-shaped encoder (fp32 and
 #             mixed_bf16, bf16 MFU)
+#   graphs    CUDA Graphs: ResNet-50 served at batch 1 on the device, requests with new values vs onnxruntime (graph
+#             replays from the third), and `tensord bench` batch 1 with graphs on vs TENSORD_CUDA_GRAPHS=0
+#             (tests/gpu/graphs_check.py)
 #   serve     ResNet-50 served on the device: predictions vs onnxruntime; gRPC ModelInfer throughput at 64
 #             concurrent clients with and without dynamic batching (bar: batched >= 3x unbatched)
 # Environment: TENSORD_GPU_DEVICE (default cuda:0); TENSORD_GPU_QUICK=1 shrinks every size (checks the script
@@ -271,6 +274,18 @@ PY
     return $rc
 }
 stage serve st_serve
+
+# ---- CUDA Graphs
+st_graphs() {
+    local m=$WORK/ra/resnet50/model.onnx
+    [ -f "$m" ] || { echo "no ResNet-50 (the train stage writes it)"; return 77; }
+    mkdir -p "$WORK/graphs"
+    $PY tests/gpu/graphs_check.py "$BIN/tensord" "$DEV" "$WORK/graphs" "$m" $( [ "$QUICK" = 1 ] && echo --quick ) | tee "$WORK/graphs.out"
+    local rc=${PIPESTATUS[0]}
+    tail -1 "$WORK/graphs.out" | tr '|' '/' > "$WORK/graphs.fig"
+    return $rc
+}
+stage graphs st_graphs
 
 echo >> "$S"
 echo "total $(( $(date +%s) - T0 )) s" >> "$S"
