@@ -208,7 +208,7 @@ int srv_cmd_bench(int argc, char **argv) {
         if (st.split_workers) printf(" batch_split=%d threads x %d rows", st.split_workers, st.split_rows);
         printf(" precision=%s", eng_precision_name(st.precision));
         if (st.lowp_steps) printf(" (%d steps, %d activations in %s)", st.lowp_steps, st.lowp_values, eng_precision_name(st.precision));
-        if (st.device_steps)
+        if (st.device_steps || (a.backend && !krn_backend_is_host(a.backend))) /* dynamic plans: the last run's */
             printf(" device=%s:%d device_steps=%d fallback_steps=%d copies=%d copy_bytes=%zu device_bytes=%zu",
                    krn_backend_name(a.backend), a.device, st.device_steps, st.fallback_steps, st.copies, st.copy_bytes,
                    st.device_bytes);

@@ -26,6 +26,7 @@ typedef struct plan_step {
 typedef struct plan_xfer { int step; int root; int to_dev; } plan_xfer;
 
 typedef struct plan_split plan_split;
+typedef struct plan_dyn plan_dyn;
 
 struct eng_plan {
     const eng_graph *g;
@@ -87,6 +88,7 @@ struct eng_plan {
     size_t *graph_stage_off; /* per xfer (to the device): its offset in graph_staging */
     int graph_captures;
     int64_t graph_launches;
+    plan_dyn *dyn;           /* dynamic plans on a device backend: per-run placement (plan-dyn.c); NULL otherwise */
 };
 
 /* plan-place.c. plan_place: after shape inference and folding, before precision and memory: place each kernel step
@@ -101,6 +103,9 @@ eng_status plan_place_xfers(eng_plan *p, int si, int *xi, int *pending);
 /* After a device plan's steps (st: how they went): the last copies, the stream drained (also after a failure), then
  * the device kernels' after-run checks (krn_kernel.check). */
 eng_status plan_place_finish(eng_plan *p, eng_status st, int *xi, int *pending);
+/* Dynamic plans: the device copy of constant v shared through opts.dev_consts (an unchanged graph initializer), else
+ * *out NULL. */
+eng_status plan_place_shared_const(eng_plan *p, int v, void **out);
 /* Whether opts asks for device-resident inputs or outputs. */
 int plan_resident_io(const eng_plan *p);
 void plan_place_free(eng_plan *p);
@@ -112,6 +117,18 @@ size_t plan_pack(plan_buf *bufs, int nb);
 size_t plan_value_size(const eng_plan *p, int v);
 /* "node 'name' (Op): " for messages; an unnamed node by the value it writes. */
 const char *plan_node_label(const eng_graph *g, const eng_node *n, char *buf, size_t len);
+
+/* plan-dyn.c: dynamic plans on a device backend, each step placed when its shapes are known. setup: at plan time
+ * (after the dynamic plan's readers are counted; makes p->dyn and the context); run: a run, after run_dynamic reset the
+ * run's host buffers and reader counts; stats: the last run's placement; free: before plan_place_free. */
+eng_status plan_dyn_setup(eng_plan *p);
+eng_status plan_dyn_run(eng_plan *p);
+void plan_dyn_stats(const eng_plan *p, eng_plan_stats *st);
+void plan_dyn_free(eng_plan *p);
+/* plan.c's helpers for it: check inferred outputs, bytes of value v shaped t, record a CPU kernel's choice. */
+eng_status plan_dyn_check_outputs(const eng_node *n, const eng_tensor *out);
+size_t plan_dyn_value_bytes(const eng_plan *p, int v, const eng_tensor *t);
+void plan_dyn_describe(const eng_plan *p, plan_step *s, const krn_call *c);
 
 /* plan-graph.c. plan_graph_setup: at the end of a plan's construction, whether its runs may use a graph.
  * plan_graph_run: at the start of a static run; *done set when the run was made by launching the graph (the result

@@ -82,6 +82,15 @@ static eng_status dev_consts_get(eng_dev_consts *c, const void *host, size_t nby
     return ENG_STATUS_OK;
 }
 
+eng_status plan_place_shared_const(eng_plan *p, int v, void **out) {
+    const eng_tensor *init = p->g->values[v].init;
+    *out = NULL;
+    if (!p->opts.dev_consts || !init || init->data != p->vals[v].data || init->dtype != p->vals[v].dtype) return ENG_STATUS_OK;
+    eng_status st = dev_consts_get(p->opts.dev_consts, init->data, eng_tensor_nbytes(&p->vals[v]), out);
+    if (st != ENG_STATUS_OK) eng_err_prefix(st, "weight '%s': ", p->g->values[v].name);
+    return st;
+}
+
 /* Whether the device kernel takes the call step s would make (shapes, dtypes, params; no data). */
 static int step_supported(const eng_plan *p, const plan_step *s) {
     eng_tensor in[ENG_OP_MAX_IO], out[ENG_OP_MAX_IO];

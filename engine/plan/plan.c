@@ -506,12 +506,7 @@ static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, c
                      "shapes fixed at plan time (%s)", p->dev ? "this plan's shapes depend on runtime values" : "none given");
         goto fail;
     }
-    if (p->dev && p->dynamic) {
-        static int said;
-        if (!said++)
-            fprintf(stderr, "tensord: a plan whose shapes are known only at run time runs on the CPU, not %s (device "
-                            "plans need shapes fixed at plan time)\n", krn_backend_name(p->dev));
-    } else if (p->dev) {
+    if (p->dev && !p->dynamic) { /* a dynamic plan is placed step by step when it runs (plan-dyn.c) */
         st = plan_place(p);
         if (st == ENG_STATUS_OK && p->dev_steps) st = krn_ctx_new(p->dev, p->device, &p->ctx);
         if (st != ENG_STATUS_OK) goto fail;
@@ -543,6 +538,7 @@ static eng_status plan_new_once(const eng_graph *g, const eng_plan_opts *opts, c
                 if (n->inputs[i] >= 0) p->nreaders[n->inputs[i]]++;
         }
         for (int i = 0; i < g->noutputs; i++) p->nreaders[g->outputs[i]] += 1 << 20; /* never freed in-run */
+        if (p->dev && (st = plan_dyn_setup(p)) != ENG_STATUS_OK) goto fail;
     }
     if (!p->dynamic) plan_graph_setup(p);
     free(order);
@@ -640,12 +636,17 @@ static eng_status run_allocating(eng_plan *p, plan_step *s, const eng_node *n, e
     return ENG_STATUS_OK;
 }
 
+eng_status plan_dyn_check_outputs(const eng_node *n, const eng_tensor *out) { return check_outputs(n, out, n->nout); }
+size_t plan_dyn_value_bytes(const eng_plan *p, int v, const eng_tensor *t) { return plan_value_bytes(p->g, v, t); }
+void plan_dyn_describe(const eng_plan *p, plan_step *s, const krn_call *c) { step_describe(p->g, s, c); }
+
 static eng_status run_dynamic(eng_plan *p) {
     const eng_graph *g = p->g;
     eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
     char lb[300];
     dyn_reset(p);
     for (int v = 0; v < g->nvalues; v++) p->uses[v] = p->nreaders[v];
+    if (p->dyn) return plan_dyn_run(p); /* a device backend's: placed step by step */
     for (int si = 0; si < p->nsteps; si++) {
         plan_step *s = &p->steps[si];
         const eng_node *n = &g->nodes[s->node];
@@ -804,6 +805,7 @@ void eng_plan_get_stats(const eng_plan *p, eng_plan_stats *st) {
     st->device_bytes = p->dev_arena_bytes + p->dev_const_bytes;
     plan_graph_stats(p, st);
     plan_split_stats(p, st);
+    plan_dyn_stats(p, st);
 }
 
 void eng_plan_free(eng_plan **pp) {
@@ -838,6 +840,7 @@ void eng_plan_free(eng_plan **pp) {
         free(s->impl);
         free_params(s->def, s->params);
     }
+    plan_dyn_free(p); /* before the context goes */
     plan_place_free(p);
     if (p->dyn_bufs) dyn_reset(p);
     for (int i = 0; i < p->nowned; i++) eng_free(p->owned[i]);

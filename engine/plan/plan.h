@@ -115,7 +115,8 @@ typedef struct eng_plan_stats {
     eng_precision precision;
     int lowp_steps;     /* bf16 / fp16 plans: steps computing in that dtype (summed over a split plan's sub-plans) */
     int lowp_values;    /* activations stored in it */
-    int device_steps;   /* device plans: steps run on the device */
+    int device_steps;   /* device plans: steps run on the device (dynamic plans, placed per run: the last run's, as are
+                         * fallback_steps, copies and copy_bytes below) */
     int fallback_steps; /* device plans: steps run on the CPU instead (no kernel there, or the call unsupported) */
     int copies;         /* device plans: copies between the CPU and the device per run */
     size_t copy_bytes;  /* their bytes */
