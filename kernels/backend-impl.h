@@ -12,7 +12,7 @@
 
 /* Bumped whenever this struct changes: the CUDA plugin is built from the same tree, and one built from another is
  * refused at load instead of called through the wrong layout. */
-#define KRN_BACKEND_ABI 6
+#define KRN_BACKEND_ABI 7
 
 struct krn_backend {
     int abi;                         /* KRN_BACKEND_ABI */
@@ -68,6 +68,13 @@ struct krn_backend {
      * through comm_allreduce */
     eng_status (*comm_allreduce_many)(krn_comm *cm, int rank, krn_ctx *c, float *const *bufs, const size_t *ns,
                                       int count, float prescale);
+    /* device health: 1 when device dev is lost, that is, a sticky error (CUDA: an illegal address, a launch failure,
+     * an uncorrectable ECC error, ...) corrupted its context, so that every later kernel, copy and sync on it fails
+     * until the process restarts; why[cap] (why may be NULL) then gets the first such error. 0 while it works. The
+     * backend marks a device lost process-wide, once, when one of its hooks or kernels first sees a sticky error
+     * there, and that error's message says the device is lost. Thread-safe and cheap (an atomic load): callers may
+     * ask before every run. NULL: this backend never loses a device (the CPU). */
+    int (*device_lost)(int dev, char *why, size_t cap);
 };
 
 /* The CUDA plugin's one exported symbol (build/libtensord_cuda.so): the backend when the plugin's own checks pass

@@ -48,6 +48,12 @@ eng_status krn_backend_mem_info(const krn_backend *b, int dev, size_t *free_b, s
     return b->mem_info ? b->mem_info(dev, free_b, total_b) : ENG_STATUS_OK;
 }
 
+int krn_backend_device_lost(const krn_backend *b, int dev, char *why, size_t cap) {
+    b = be(b);
+    if (why && cap) why[0] = 0;
+    return b->device_lost ? b->device_lost(dev, why, cap) != 0 : 0;
+}
+
 eng_status krn_ctx_new(const krn_backend *b, int device, krn_ctx **out) {
     b = be(b);
     *out = NULL;

@@ -104,6 +104,11 @@ int krn_backend_device_count(const krn_backend *b);
 /* Free and total memory of device dev (host backends: 0, 0). */
 eng_status krn_backend_mem_info(const krn_backend *b, int dev, size_t *free_b, size_t *total_b);
 
+/* Device health: 1 when device dev of b is lost (a sticky error corrupted its context: every later call on it fails
+ * until the process restarts; only a restart cures it), with the first error that lost it in why[cap] (why may be
+ * NULL); 0 while it works, and always on host backends. Thread-safe, cheap. */
+int krn_backend_device_lost(const krn_backend *b, int dev, char *why, size_t cap);
+
 /* Execution contexts (NULL *out and OK for host backends). */
 eng_status krn_ctx_new(const krn_backend *b, int device, krn_ctx **out);
 void krn_ctx_free(const krn_backend *b, krn_ctx **c);

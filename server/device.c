@@ -4,6 +4,7 @@
  * --log_format=json) once per process, when the first version that asks for "auto" loads. */
 #include "device.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -115,4 +116,27 @@ srv_code srv_device_resolve(const char *spec, srv_device *out, int *n, srv_error
 int srv_device_instances(int count, int cpu_default, const srv_device *devs, int n) {
     int k = count > 0 ? count : (n == 1 && devs[0].host) ? cpu_default : n;
     return k < 1 ? 1 : k > SRV_DEVICE_MAX ? SRV_DEVICE_MAX : k;
+}
+
+/* Lost devices already logged, by resolved name ("cuda:0"): process-wide, as the CUDA context that was lost is. */
+static pthread_mutex_t device_lost_mu = PTHREAD_MUTEX_INITIALIZER;
+static char device_lost_seen[SRV_DEVICE_MAX][40];
+static int device_lost_nseen;
+
+int srv_device_lost(const srv_device *d, char *why, size_t cap) {
+    char reason[512];
+    if (why && cap) why[0] = 0;
+    if (!d || d->host || !krn_backend_device_lost(d->backend, d->index, reason, sizeof reason)) return 0;
+    if (why && cap) snprintf(why, cap, "%s", reason);
+    int first = 1;
+    pthread_mutex_lock(&device_lost_mu);
+    for (int i = 0; i < device_lost_nseen && first; i++) first = strcmp(device_lost_seen[i], d->name) != 0;
+    if (first && device_lost_nseen < SRV_DEVICE_MAX)
+        snprintf(device_lost_seen[device_lost_nseen++], sizeof device_lost_seen[0], "%s", d->name);
+    pthread_mutex_unlock(&device_lost_mu);
+    if (first)
+        srv_log(SRV_LOG_ERROR, "device_lost", NULL, 0, "device %s is lost (%s): its execution instances take no more "
+                "work; versions with none left become unavailable, and only a restart of the server recovers it",
+                d->name, reason);
+    return first ? 2 : 1;
 }

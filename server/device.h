@@ -10,7 +10,8 @@
  * Two moments, two kinds of error: srv_device_spec_check runs when a config is read (or a flag parsed) and refuses
  * what can never work (syntax, unknown kind, an index past the devices the backend has); srv_device_resolve runs
  * when a version loads and fails that load alone when a device is not available on this machine (CUDA with no
- * plugin, driver or GPU), with the engine's reason. Thread-safe; no state of its own.
+ * plugin, driver or GPU), with the engine's reason. Thread-safe. Its one piece of state is process-wide, as a CUDA
+ * context is: which lost devices it has logged (srv_device_lost).
  */
 #ifndef SRV_DEVICE_H
 #define SRV_DEVICE_H
@@ -41,5 +42,12 @@ srv_code srv_device_resolve(const char *spec, srv_device *out, int *n, srv_error
  * --instances_per_version) when given; else one per listed device, except that a list of just the CPU keeps the
  * CPU's default (cpu_default: srv_instances_resolve's usable cores / threads). Capped at SRV_DEVICE_MAX. */
 int srv_device_instances(int count, int cpu_default, const srv_device *devs, int n);
+
+/* Device health: nonzero when device d is lost, that is, a sticky error (an illegal address, ...) corrupted its
+ * context, so that every later call on it fails until the process restarts (krn_backend_device_lost); why[cap] (may
+ * be NULL) then gets the first error that lost it. The first call in the process that finds d lost logs one line
+ * (event "device_lost", naming the device and the reason) and returns 2; later calls return 1. Host devices: 0.
+ * Thread-safe; cheap while the device works (an atomic load). */
+int srv_device_lost(const srv_device *d, char *why, size_t cap);
 
 #endif

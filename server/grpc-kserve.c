@@ -51,7 +51,7 @@ static int kv_target(srv_grpc_call *c, const char *name, const char *version, in
 static void kv_live(srv_grpc_call *c, const uint8_t *msg, size_t len) {
     KV_UNPACK(Inference__ServerLiveRequest, inference__server_live_request__descriptor, rq, 1 << 16);
     Inference__ServerLiveResponse r = INFERENCE__SERVER_LIVE_RESPONSE__INIT;
-    r.live = 1;
+    r.live = srv_registry_live(c->g->reg, NULL, 0); /* 0 once a version lost every device it runs on */
     srv_grpc_reply(c, SRV_OK, NULL, &r.base);
     protobuf_c_message_free_unpacked(&rq->base, NULL);
 }

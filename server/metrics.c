@@ -95,6 +95,8 @@ typedef struct srv_vstat {
     int nbatch, capbatch;
 } srv_vstat;
 
+#define SRV_METRICS_LOST_MAX 64 /* devices tensord_device_lost lists (SRV_DEVICE_MAX) */
+
 struct srv_metrics {
     pthread_mutex_t mu;
     srv_family f[SRV_F_COUNT];
@@ -102,6 +104,8 @@ struct srv_metrics {
     int nv, capv, nvother;
     srv_mindex vix;
     uint64_t dropped;
+    char lost[SRV_METRICS_LOST_MAX][40]; /* devices lost to a sticky error (tensord_device_lost), in order lost */
+    int nlost;
 };
 
 static const double srv_lat_us[] = {50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000,
@@ -807,6 +811,10 @@ char *srv_metrics_render(srv_metrics *m, size_t *len) {
         }
     }
     srv_render_stats(&b, m);
+    srv_buf_puts(&b, "# HELP tensord_device_lost 1 for each device a sticky error made unusable until the server "
+                     "restarts (its CUDA context is corrupted); devices that work are not listed.\n"
+                     "# TYPE tensord_device_lost gauge\n");
+    for (int i = 0; i < m->nlost && !b.oom; i++) srv_buf_printf(&b, "tensord_device_lost{device=\"%s\"} 1\n", m->lost[i]);
     srv_buf_printf(&b,
                    "# HELP tensord_metrics_dropped_series_total Records dropped because a metric reached its "
                    "series limit.\n# TYPE tensord_metrics_dropped_series_total counter\n"
@@ -814,4 +822,13 @@ char *srv_metrics_render(srv_metrics *m, size_t *len) {
                    (unsigned long long)m->dropped);
     pthread_mutex_unlock(&m->mu);
     return srv_buf_take(&b, len);
+}
+
+void srv_metrics_device_lost(srv_metrics *m, const char *device) {
+    if (!m || !device) return;
+    pthread_mutex_lock(&m->mu);
+    int known = 0;
+    for (int i = 0; i < m->nlost && !known; i++) known = strcmp(m->lost[i], device) == 0;
+    if (!known && m->nlost < SRV_METRICS_LOST_MAX) snprintf(m->lost[m->nlost++], sizeof m->lost[0], "%s", device);
+    pthread_mutex_unlock(&m->mu);
 }

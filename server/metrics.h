@@ -22,6 +22,9 @@
  *                                                                            that device hold: every cached plan's
  *                                                                            device arena and constants; devices
  *                                                                            only, not "cpu"; removed with the version)
+ *   tensord_device_lost{device}                                      gauge (1 for each device lost to a sticky
+ *                                                                            error: unusable until a restart; devices
+ *                                                                            that work are not listed)
  *   tensord_inference_stats_count{model,version,stat}                counter  } Triton's inference_stats, stat =
  *   tensord_inference_stats_ns{model,version,stat}                   counter  } success|fail|queue|compute_input|
  *                                                                               compute_infer|compute_output
@@ -91,6 +94,9 @@ void srv_metrics_instances(srv_metrics *m, const char *model, int64_t version, i
 /* Instance idx of a version now holds bytes (it grew: a larger plan ran). The gauge keeps the largest value
  * recorded, so late or reordered updates never lower it. */
 void srv_metrics_instance_bytes(srv_metrics *m, const char *model, int64_t version, int idx, size_t bytes);
+/* Device `device` ("cuda:0": resolved names only, never client text) was lost to a sticky error: its
+ * tensord_device_lost series reads 1 from now on. Idempotent. */
+void srv_metrics_device_lost(srv_metrics *m, const char *device);
 /* Device memory a version holds on each of its n devices (names[i], e.g. "cuda:0", bytes[i]): sets the gauges;
  * this version's series of other devices (an earlier object of the same version number) are dropped. */
 void srv_metrics_device_memory(srv_metrics *m, const char *model, int64_t version, int n, const char *const *names,

@@ -41,6 +41,7 @@ typedef struct reg_ver {
     srv_bundle_stamp failed_stamp;
     int on_disk;
     int in_policy;            /* the version policy aspires it (not only a label's pin): default requests prefer these */
+    int lost;                 /* retired because every device it ran on was lost: never loaded again in this process */
 } reg_ver;
 
 typedef struct reg_model {
@@ -102,6 +103,8 @@ struct srv_registry {
     reg_model **models;
     int nmodels;
     atomic_int routed_models; /* models with traffic routes: 0 lets the request path skip the router unlocked */
+    atomic_int dead;          /* a version was retired for lost devices (srv_registry_live 0); dead_why under mu */
+    char dead_why[SRV_ERR_MAX];
     uint64_t next_gen, next_id;
     int live;
     /* loads (under mu) */

@@ -13,6 +13,10 @@
  *     and a version that failed to load (or timed out) is left out of the aspired set, so a failed load never
  *     retires or replaces what is serving. A failed version is retried only after its directory or model.onnx
  *     changes (srv_bundle_stamp), or on an explicit load request.
+ *   - Device health: a version whose every instance runs on a lost device (a sticky CUDA error) is retired by
+ *     srv_registry_sweep_lost (UNAVAILABLE and the reason in its status) and marked lost: it is never aspired or
+ *     loaded again in this process, and the registry is no longer live (srv_registry_live), since only a restart
+ *     recovers the device.
  *   - r->live counts version objects not yet destroyed (loads in flight included); srv_registry_free waits for
  *     it to reach zero once every loader thread is gone.
  *   - Every load, failure and retirement is logged once (server/log.h), never under mu.
@@ -710,7 +714,13 @@ srv_version *srv_registry_acquire(srv_registry *r, const char *model, int64_t ve
             for (int i = 0; i < m->nvers; i++)
                 if (m->vers[i].v && m->vers[i].in_policy >= pol && (!v || m->vers[i].version > v->version))
                     v = m->vers[i].v;
-        if (!v && m->nvers)
+        const reg_ver *lost = NULL; /* the highest version retired for lost devices: its reason says why */
+        for (int i = 0; !v && i < m->nvers; i++)
+            if (m->vers[i].lost && m->vers[i].error_message && (!lost || m->vers[i].version > lost->version))
+                lost = &m->vers[i];
+        if (!v && lost)
+            srv_err(err, SRV_UNAVAILABLE, "model '%s' has no available version: %s", model, lost->error_message);
+        else if (!v && m->nvers)
             srv_err(err, SRV_UNAVAILABLE, "model '%s' has no available version yet (see model status)", model);
         else if (!v) srv_err(err, SRV_NOT_FOUND, "model '%s': no versions found under '%s'", model, m->cfg.base_path);
     }
@@ -801,6 +811,47 @@ int srv_registry_ready(srv_registry *r) {
     }
     pthread_mutex_unlock(&r->mu);
     return ready;
+}
+
+int srv_registry_live(srv_registry *r, char *why, size_t cap) {
+    if (why && cap) why[0] = 0;
+    if (!atomic_load(&r->dead)) return 1;
+    if (why && cap) {
+        pthread_mutex_lock(&r->mu);
+        snprintf(why, cap, "%s", r->dead_why);
+        pthread_mutex_unlock(&r->mu);
+    }
+    return 0;
+}
+
+void srv_registry_sweep_lost(srv_registry *r) {
+    char why[SRV_ERR_MAX / 2], msg[SRV_ERR_MAX];
+    pthread_mutex_lock(&r->mu);
+    int total = 0, n = 0;
+    for (int i = 0; i < r->nmodels; i++) total += reg_count_published(r->models[i]);
+    srv_version **vs = total ? malloc((size_t)total * sizeof *vs) : NULL;
+    for (int i = 0; vs && i < r->nmodels; i++) {
+        reg_model *m = r->models[i];
+        for (int k = 0; k < m->nvers; k++) {
+            reg_ver *e = &m->vers[k];
+            if (!e->v || !srv_version_all_lost(e->v, why, sizeof why)) continue;
+            snprintf(msg, sizeof msg, "model '%s' version %lld: every device it runs on is lost: %s; the server must be "
+                     "restarted", m->cfg.name, (long long)e->version, why);
+            vs[n++] = e->v;
+            e->ending_id = e->v->id;
+            e->v = NULL;
+            e->state = SRV_STATE_UNLOADING;
+            e->lost = 1;
+            reg_set_error(e, SRV_UNAVAILABLE, msg);
+            if (!atomic_load(&r->dead)) {
+                snprintf(r->dead_why, sizeof r->dead_why, "%s", msg);
+                atomic_store(&r->dead, 1);
+            }
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (n) reg_retire(r, vs, n, "every device it runs on is lost; the server must be restarted");
+    else free(vs);
 }
 
 const char *srv_registry_metrics_model(srv_registry *r, const char *model, int served, srv_code code) {

@@ -248,5 +248,10 @@ const srv_batch_opts *srv_registry_batching(const srv_registry *r);
 
 /* 1 when every configured model has at least one AVAILABLE version (health/ready). */
 int srv_registry_ready(srv_registry *r);
+/* Liveness (/v2/health/live, gRPC ServerLive): 1 until a version had to be retired because every device it runs on
+ * was lost to a sticky error (srv_registry_sweep_lost); 0 from then on, with the first such reason in why[cap] (may
+ * be NULL), since only a restart of the process recovers a corrupted CUDA context (a Kubernetes liveness probe then
+ * restarts the pod). A lost device whose versions still run elsewhere leaves the server live. */
+int srv_registry_live(srv_registry *r, char *why, size_t cap);
 
 #endif

@@ -387,9 +387,18 @@ int srv_rest_kserve(const srv_rest_req *q, srv_reply *o) {
     }
     if (srv_is(p, "/v2/health/live") || srv_is(p, "/v2/health/ready")) {
         if (!get) return srv_kserve_405(o, "GET"), 1;
-        int ok = p[11] == 'l' || srv_registry_ready(q->r->reg);
-        if (ok) srv_reply_text(o, 200, NULL, 0, "application/json");
-        else srv_reply_error(o, 503, "not all models are ready");
+        /* a device lost to a sticky error with a version left on nothing else: neither live nor ready (only a
+         * restart cures a corrupted CUDA context, and a Kubernetes liveness probe restarts the pod) */
+        char why[SRV_ERR_MAX];
+        if (!srv_registry_live(q->r->reg, why, sizeof why)) {
+            char msg[SRV_ERR_MAX + 64];
+            snprintf(msg, sizeof msg, "not live: %s", why);
+            srv_reply_error(o, 503, msg);
+        } else if (p[11] == 'l' || srv_registry_ready(q->r->reg)) {
+            srv_reply_text(o, 200, NULL, 0, "application/json");
+        } else {
+            srv_reply_error(o, 503, "not all models are ready");
+        }
         return 1;
     }
     if (srv_is(p, "/v2/repository/index")) {

@@ -20,6 +20,10 @@
  *    probe), so running out of device memory fails the load, naming the device; device memory held (the weights
  *    once per instance, each cached plan's activations: eng_session_device_bytes) is reported per device
  *    (tensord_device_memory_bytes).
+ *  - Device health: a run that fails on a device the backend reports lost (a sticky error) fails INTERNAL, naming
+ *    the device and saying it is lost; that instance (and every instance on a lost device, seen at the next take)
+ *    takes no more runs, and the others carry the traffic. With none left a take fails UNAVAILABLE at once, and
+ *    the registry retires the version (srv_registry_sweep_lost), so it goes not-ready with the reason in its status.
  */
 #define _GNU_SOURCE
 #include "version.h"
@@ -167,33 +171,70 @@ int srv_version_quick(srv_version *v, const srv_tensors *in, int64_t budget_us) 
            version_quick_est(v, version_rows(in), budget_us);
 }
 
+int srv_version_all_lost(const srv_version *v, char *why, size_t cap) {
+    char reason[512];
+    const srv_device *first = NULL;
+    if (why && cap) why[0] = 0;
+    for (int i = 0; i < v->ninst; i++) {
+        const srv_device *d = &v->inst[i].dev;
+        if (d->host || !krn_backend_device_lost(d->backend, d->index, first ? NULL : reason, sizeof reason)) return 0;
+        if (!first) first = d;
+    }
+    if (!first) return 0;
+    if (why && cap) snprintf(why, cap, "device %s is lost (%s)", first->name, reason);
+    return 1;
+}
+
+/* A device of v was found lost (a run failed there, or a take saw it): its tensord_device_lost series, and the
+ * registry's sweep, which retires every version left with no working instance. No lock held. */
+static void version_lost_notice(srv_version *v) {
+    for (int i = 0; i < v->ninst; i++)
+        if (srv_device_lost(&v->inst[i].dev, NULL, 0)) srv_metrics_device_lost(v->metrics, v->inst[i].dev.name);
+    if (v->reg) srv_registry_sweep_lost(v->reg);
+}
+
 /* Takes a free instance (the pinned one while warming up), waiting while all are busy; DEADLINE_EXCEEDED when
  * deadline_us (> 0) passes first, CANCELLED when *cancel turns non-zero (SRV_CANCEL_DEADLINE: DEADLINE_EXCEEDED),
- * checked every 10 ms while waiting. */
+ * checked every 10 ms while waiting. Instances on a lost device are skipped (marked lost the first time one is
+ * seen); when none is left (or the pinned one is lost): UNAVAILABLE at once, naming the device, without waiting. */
 static srv_code version_take(srv_version *v, int64_t deadline_us, const atomic_int *cancel, int *idx, srv_error *err) {
+    int newly = 0;
+    srv_code c = SRV_OK;
     pthread_mutex_lock(&v->inst_mu);
     for (;;) {
         int gone = cancel ? atomic_load(cancel) : 0;
         if (gone) {
-            pthread_mutex_unlock(&v->inst_mu);
-            return gone == SRV_CANCEL_DEADLINE
-                       ? VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting for a free execution instance")
-                       : VERR(SRV_CANCELLED, "the client cancelled the request while it waited for a free execution "
-                              "instance");
+            c = gone == SRV_CANCEL_DEADLINE
+                    ? VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting for a free execution instance")
+                    : VERR(SRV_CANCELLED, "the client cancelled the request while it waited for a free execution "
+                           "instance");
+            break;
         }
-        int k = -1;
-        if (v->pin >= 0) k = v->inst[v->pin].busy ? -1 : v->pin;
-        else
-            for (int i = 0; i < v->ninst && k < 0; i++)
-                if (!v->inst[i].busy) k = i;
+        int k = -1, nlost = 0;
+        for (int i = 0; i < v->ninst; i++) {
+            srv_instance *in = &v->inst[i];
+            if (!in->lost && srv_device_lost(&in->dev, NULL, 0)) in->lost = newly = 1;
+            nlost += in->lost;
+            if (v->pin < 0 && k < 0 && !in->lost && !in->busy) k = i;
+        }
+        if (v->pin >= 0) k = v->inst[v->pin].busy || v->inst[v->pin].lost ? -1 : v->pin;
         if (k >= 0) {
             v->inst[k].busy = 1;
-            pthread_mutex_unlock(&v->inst_mu);
             *idx = k;
-            return SRV_OK;
+            break;
+        }
+        if (nlost == v->ninst || (v->pin >= 0 && v->inst[v->pin].lost)) {
+            char why[512];
+            srv_version_all_lost(v, why, sizeof why);
+            c = VERR(SRV_UNAVAILABLE, "%s; it cannot run until the server is restarted", why[0] ? why : "its device is lost");
+            break;
         }
         int64_t now = srv_now_us();
-        if (deadline_us > 0 && now >= deadline_us) break;
+        if (deadline_us > 0 && now >= deadline_us) {
+            c = VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting for a free execution instance (all %d "
+                     "busy)", v->ninst - nlost);
+            break;
+        }
         if (deadline_us > 0 || cancel) { /* inst_cv waits on CLOCK_MONOTONIC, srv_now_us's clock */
             int64_t until = cancel && (deadline_us <= 0 || deadline_us > now + 10000) ? now + 10000 : deadline_us;
             struct timespec ts = {(time_t)(until / 1000000), (long)(until % 1000000) * 1000};
@@ -203,14 +244,21 @@ static srv_code version_take(srv_version *v, int64_t deadline_us, const atomic_i
         }
     }
     pthread_mutex_unlock(&v->inst_mu);
-    return VERR(SRV_DEADLINE_EXCEEDED, "deadline exceeded while waiting for a free execution instance (all %d busy)",
-                v->ninst);
+    if (newly) version_lost_notice(v);
+    return c;
 }
 
-static void version_give(srv_version *v, int idx) {
+/* Gives instance idx back; lost: its device was lost during the run (it takes no more, and every waiter rechecks,
+ * since the last working instance may be gone). */
+static void version_give(srv_version *v, int idx, int lost) {
     pthread_mutex_lock(&v->inst_mu);
     v->inst[idx].busy = 0;
-    pthread_cond_signal(&v->inst_cv);
+    if (lost) {
+        v->inst[idx].lost = 1;
+        pthread_cond_broadcast(&v->inst_cv);
+    } else {
+        pthread_cond_signal(&v->inst_cv);
+    }
     pthread_mutex_unlock(&v->inst_mu);
 }
 
@@ -261,12 +309,15 @@ static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensor
         eng_status st = eng_session_run(v->inst[idx].sess, nin, names, feeds, outs);
         eng_run_set_deadline(dl0);
         int64_t r1 = srv_metrics_clock_ns();
+        int lost = 0;
         if (st == ENG_STATUS_OK) version_note_run(v, idx, srv_now_us() - t0, rows);
         else {
             char pre[512];
             const srv_device *d = &v->inst[idx].dev;
-            snprintf(pre, sizeof pre, "model '%s' version %lld: inference failed%s%s", v->model, (long long)v->version,
-                     d->host ? "" : " on device ", d->host ? "" : d->name);
+            lost = srv_device_lost(d, NULL, 0) != 0; /* a sticky error: this batch fails INTERNAL, later ones skip d */
+            snprintf(pre, sizeof pre, "model '%s' version %lld: inference failed%s%s%s", v->model, (long long)v->version,
+                     d->host ? "" : " on device ", d->host ? "" : d->name,
+                     lost ? ", which is now lost (the server must be restarted to use it again)" : "");
             c = srv_err_from_eng(err, st, pre);
         }
         for (int i = 0; i < v->sig.noutputs && c == SRV_OK; i++)
@@ -277,8 +328,9 @@ static srv_code version_run_on(srv_version *v, const srv_tensors *in, srv_tensor
                 c = VERR(SRV_RESOURCE_EXHAUSTED, "cannot copy output '%s' (out of memory or too large)",
                          v->sig.outputs[i].name);
         int64_t r2 = srv_metrics_clock_ns();
-        version_give(v, idx);
+        version_give(v, idx, lost);
         if (c == SRV_OK) srv_metrics_run(v->metrics, v->model, v->version, rows, r0, r1, r2);
+        if (lost) version_lost_notice(v);
     }
     if (slow) atomic_fetch_sub_explicit(&v->slow_runs, 1, memory_order_relaxed);
     if (c != SRV_OK) srv_tensors_free(out);

@@ -23,6 +23,8 @@ typedef struct srv_instance {
     size_t weight_bytes;        /* initializers of this instance's (fused) graph */
     _Atomic size_t arena_bytes; /* largest activation arena of a plan it ran (eng_session_last_stats) */
     srv_device dev;             /* where it runs (instance i: the spec's device i % n) */
+    int lost;                   /* under the version's inst_mu: its device was lost (srv_device_lost): it takes no
+                                 * more runs */
     /* Device memory (non-host devices) the session holds, as of its last run (eng_session_device_bytes: the weights
      * once, plus each cached plan's activations). Written by the instance's holder; read by metrics. */
     _Atomic size_t dev_bytes;
@@ -83,11 +85,21 @@ int srv_instances_resolve(int model_count, int server_count, int session_threads
 /* Records v's instance gauges (count, bytes per instance) and device memory per device in v->metrics; no-op when
  * NULL. Thread-safe. */
 void srv_version_metrics_instances(srv_version *v);
+/* Device health: 1 when every execution instance of v runs on a lost device (srv_device_lost), so that v can answer
+ * nothing until the server restarts; why[cap] gets "device <name> is lost (<first error>)" for one of them. Logs
+ * nothing and takes no lock (the registry calls it under its own). */
+int srv_version_all_lost(const srv_version *v, char *why, size_t cap);
 /* Frees v (its last reference is gone), then calls srv_registry_version_ended. */
 void srv_version_destroy(srv_version *v);
 /* Defined in registry.c: object `id` (model, version) is gone: its status entry goes END and its metrics
  * gauges are dropped (unless a newer object of the same version number is published). Takes the registry
  * lock; must be the last thing done with a version object. model may be NULL (allocation failed). */
 void srv_registry_version_ended(srv_registry *r, const char *model, int64_t version, uint64_t id);
+/* Defined in registry.c: a device was found lost. Every published version of every model whose instances are all on
+ * lost devices (srv_version_all_lost) is retired at once: its status goes UNLOADING, then END, with UNAVAILABLE and
+ * the reason; it is never loaded again in this process (the poller leaves it alone), and the server is no longer
+ * live (srv_registry_live). Versions with an instance left on a working device keep serving on it. Takes the
+ * registry lock; call with no lock held. */
+void srv_registry_sweep_lost(srv_registry *r);
 
 #endif

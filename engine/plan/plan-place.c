@@ -327,9 +327,13 @@ eng_status plan_place_finish(eng_plan *p, eng_status st, int *xi, int *pending) 
     const eng_graph *g = p->g;
     if (st == ENG_STATUS_OK) st = plan_place_xfers(p, p->nsteps, xi, pending);
     /* always drain the stream: after a failure too, queued work must not outlive this run's buffers */
+    char first[2048] = ""; /* the run's own error: a sync after a sticky one fails too, and must not replace it */
+    if (st != ENG_STATUS_OK) krn_str_copy(first, sizeof first, eng_last_error());
     eng_status sst = krn_ctx_sync(p->dev, p->ctx);
     if (st == ENG_STATUS_OK && sst != ENG_STATUS_OK)
         st = eng_err_prefix(sst, "%s:%d: ", krn_backend_name(p->dev), p->device);
+    else if (st != ENG_STATUS_OK && sst != ENG_STATUS_OK)
+        eng_err(st, "%s", first);
     /* what device kernels could not report while queued (an index out of range): the first, as the CPU would */
     eng_tensor in[ENG_OP_MAX_IO], outs[ENG_OP_MAX_IO];
     char lb[300];

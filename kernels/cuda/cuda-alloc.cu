@@ -144,9 +144,11 @@ extern "C" eng_status cuda_mem_alloc(int device, size_t nbytes, void **out) {
     }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        if (e != cudaErrorMemoryAllocation)
-            return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: cudaMalloc of %zu bytes failed: %s (%s)", device, size,
-                           cudaGetErrorString(e), cudaGetErrorName(e));
+        if (e != cudaErrorMemoryAllocation) {
+            char w[64];
+            snprintf(w, sizeof w, "cudaMalloc of %zu bytes", size);
+            return cuda_error(device, w, e); /* a sticky error left by earlier work loses the device */
+        }
         size_t fr = 0, tot = 0;
         if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) (void)cudaGetLastError();
         char want[32];

@@ -7,12 +7,15 @@
  * launched from that thread on ctx->stream run on the right device. Hooks never synchronise except ctx_sync,
  * event_sync and a workspace growth; copies are queued on the context's stream, so the host side of set/get must
  * stay valid until ctx_sync (kernel.h's contract). Every message names the device as cuda:N. Nothing here logs:
- * the engine reports the backend once.
+ * the engine reports the backend once. Device health: every failure that carries a cudaError_t goes through
+ * cuda_error, which marks the device lost (process-wide, once, first reason kept) when the error is sticky; the
+ * device_lost hook reports it.
  */
 #include "cuda-impl.h"
 #include "cuda-alloc.h"
 #include "../backend-impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,15 +56,12 @@ struct krn_event {
 #define CUDA_WORKSPACE_INITIAL ((size_t)32 << 20)
 
 /* Status from a failed runtime call on device dev. Clears the thread's last CUDA error first: a non-sticky error
- * left there would be reported again by the next kernel's CUDA_LAUNCHED. */
-static eng_status dev_err(int dev, const char *what, cudaError_t e) {
-    (void)cudaGetLastError();
-    return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: %s: %s (%s)", dev, what, cudaGetErrorString(e), cudaGetErrorName(e));
-}
+ * left there would be reported again by the next kernel's CUDA_LAUNCHED. A sticky one loses the device (cuda_error). */
+static eng_status dev_err(int dev, const char *what, cudaError_t e) { return cuda_error(dev, what, e); }
 #define DEV_TRY(dev, what, expr) do { cudaError_t e__ = (expr); if (e__ != cudaSuccess) return dev_err((dev), (what), e__); } while (0)
 
 /* Errors after which the CUDA context of the process is unusable (every later call fails with the same error). */
-static int cuda_error_is_sticky(cudaError_t e) {
+extern "C" int cuda_error_is_sticky(cudaError_t e) {
     switch (e) {
     case cudaErrorIllegalAddress:
     case cudaErrorLaunchFailure:
@@ -77,6 +77,56 @@ static int cuda_error_is_sticky(cudaError_t e) {
     default:
         return 0;
     }
+}
+
+/* ---- device health ---- */
+
+/* Devices lost to a sticky error, process-wide (the CUDA context is the process's): lost[dev] turns 1 once, after
+ * the first error's text is in why[dev] (written under lost_mu, read under it). */
+#define CUDA_MAX_DEVICES 64
+static int cuda_lost[CUDA_MAX_DEVICES];
+static char cuda_lost_why[CUDA_MAX_DEVICES][320];
+static pthread_mutex_t cuda_lost_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int cuda_device_lost(int dev, char *why, size_t cap) {
+    if (dev < 0 || dev >= CUDA_MAX_DEVICES || !__atomic_load_n(&cuda_lost[dev], __ATOMIC_ACQUIRE)) return 0;
+    if (why && cap) {
+        pthread_mutex_lock(&cuda_lost_mu);
+        krn_str_copy(why, cap, cuda_lost_why[dev]);
+        pthread_mutex_unlock(&cuda_lost_mu);
+    }
+    return 1;
+}
+
+/* Marks dev lost with reason `what: error` unless it already is (the first reason stays). */
+static void cuda_lose(int dev, const char *what, cudaError_t e) {
+    if (dev < 0 || dev >= CUDA_MAX_DEVICES) return;
+    pthread_mutex_lock(&cuda_lost_mu);
+    if (!__atomic_load_n(&cuda_lost[dev], __ATOMIC_ACQUIRE)) {
+        snprintf(cuda_lost_why[dev], sizeof cuda_lost_why[dev], "%s: %s (%s)", what, cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+        __atomic_store_n(&cuda_lost[dev], 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&cuda_lost_mu);
+}
+
+extern "C" eng_status cuda_error(int dev, const char *what, cudaError_t e) {
+    (void)cudaGetLastError();
+    int d = dev;
+    if (d < 0 && cudaGetDevice(&d) != cudaSuccess) {
+        (void)cudaGetLastError();
+        d = -1;
+    }
+    char lost[224] = "";
+    if (cuda_error_is_sticky(e)) {
+        cuda_lose(d, what, e);
+        snprintf(lost, sizeof lost, "; a sticky error: device cuda:%d is lost (its CUDA context is corrupted) and every "
+                 "later call on it fails until the process restarts", d);
+    }
+    if (dev < 0)
+        return eng_err(ENG_STATUS_INTERNAL, "cuda %s: %s (%s)%s", what, cudaGetErrorString(e), cudaGetErrorName(e), lost);
+    return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: %s: %s (%s)%s", dev, what, cudaGetErrorString(e), cudaGetErrorName(e),
+                   lost);
 }
 
 static int cuda_device_count(void) {
@@ -200,10 +250,7 @@ static eng_status cuda_ctx_sync(krn_ctx *c) {
     DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
     cudaError_t e = cudaStreamSynchronize(x->stream);
     if (e == cudaSuccess) return ENG_STATUS_OK;
-    (void)cudaGetLastError();
-    return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: work queued on the stream failed: %s (%s)%s", x->device,
-                   cudaGetErrorString(e), cudaGetErrorName(e),
-                   cuda_error_is_sticky(e) ? "; the CUDA context is now unusable, restart the process" : "");
+    return cuda_error(x->device, "work queued on the stream failed", e);
 }
 
 static eng_status cuda_ctx_enter(krn_ctx *c) {
@@ -277,9 +324,9 @@ static eng_status ctx_copy(krn_ctx *c, void *dst, const void *src, size_t n, cud
     DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
     cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, x->stream);
     if (e == cudaSuccess) return ENG_STATUS_OK;
-    (void)cudaGetLastError();
-    return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: %s of %zu bytes (%p -> %p): %s (%s)", x->device, what, n, src, dst,
-                   cudaGetErrorString(e), cudaGetErrorName(e));
+    char w[160];
+    snprintf(w, sizeof w, "%s of %zu bytes (%p -> %p)", what, n, src, dst);
+    return cuda_error(x->device, w, e);
 }
 
 static eng_status cuda_buf_set(krn_ctx *c, void *dst, const void *host_src, size_t n) {
@@ -330,10 +377,7 @@ static eng_status cuda_event_wait(krn_ctx *c, krn_event *e) {
 static eng_status cuda_event_sync(krn_event *e) {
     cudaError_t err = cudaEventSynchronize(e->ev);
     if (err == cudaSuccess) return ENG_STATUS_OK;
-    (void)cudaGetLastError();
-    return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: work before the event failed: %s (%s)%s", e->dev,
-                   cudaGetErrorString(err), cudaGetErrorName(err),
-                   cuda_error_is_sticky(err) ? "; the CUDA context is now unusable, restart the process" : "");
+    return cuda_error(e->dev, "work before the event failed", err);
 }
 
 static void cuda_event_free(krn_event *e) {
@@ -380,6 +424,8 @@ static const krn_backend cuda_backend = {
     .comm_new_ranks = TENSORD_NCCL ? cuda_comm_new_ranks : NULL,
     /* bucketed collectives */
     .comm_allreduce_many = cuda_comm_allreduce_many,
+    /* device health */
+    .device_lost = cuda_device_lost,
 };
 
 /* The backend when a CUDA driver and at least one device are present, else NULL with why[] saying which is missing.

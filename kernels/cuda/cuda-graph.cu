@@ -27,10 +27,7 @@ struct krn_graph {
     void *workspace; /* the context's workspace at capture: recorded kernels use this address */
 };
 
-static eng_status graph_err(int dev, const char *what, cudaError_t e) {
-    (void)cudaGetLastError();
-    return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: %s: %s (%s)", dev, what, cudaGetErrorString(e), cudaGetErrorName(e));
-}
+static eng_status graph_err(int dev, const char *what, cudaError_t e) { return cuda_error(dev, what, e); }
 #define GRAPH_TRY(dev, what, expr) do { cudaError_t e__ = (expr); if (e__ != cudaSuccess) return graph_err((dev), (what), e__); } while (0)
 
 extern "C" eng_status cuda_graph_begin(krn_ctx *c) {

@@ -51,8 +51,23 @@ void cuda_mem_free(int device, void *p);
 }
 #endif
 
-/* Status from a CUDA runtime error, naming `what` (the kernel) and the CUDA error. */
-#define CUDA_ERR(what, e) eng_err(ENG_STATUS_INTERNAL, "cuda %s: %s (%s)", (what), cudaGetErrorString(e), cudaGetErrorName(e))
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Status from a failed CUDA runtime call on device dev (dev < 0: the calling thread's current device, and the message
+ * says "cuda <what>" as a kernel's does), naming `what` and the CUDA error; clears the thread's last error. A sticky
+ * error (cuda_error_is_sticky: an illegal address, a launch failure, ...) also marks the device lost process-wide
+ * (the backend's device_lost hook; the first such error is kept as the reason), and its message says so. Every
+ * failure path of this backend that holds a cudaError_t goes through here (cuda-backend.cu). */
+eng_status cuda_error(int dev, const char *what, cudaError_t e);
+int cuda_error_is_sticky(cudaError_t e);
+#ifdef __cplusplus
+}
+#endif
+
+/* Status from a CUDA runtime error, naming `what` (the kernel) and the CUDA error (cuda_error: a sticky one loses the
+ * device). */
+#define CUDA_ERR(what, e) cuda_error(-1, (what), (e))
 #define CUDA_TRY(what, expr) do { cudaError_t e__ = (expr); if (e__ != cudaSuccess) return CUDA_ERR(what, e__); } while (0)
 /* After a <<<>>> launch. */
 #define CUDA_LAUNCHED(what) do { cudaError_t e__ = cudaGetLastError(); if (e__ != cudaSuccess) return CUDA_ERR(what, e__); } while (0)

@@ -9,7 +9,12 @@
  * fallback and copies. Fault injection for the bad-condition tests: TENSORD_SIM_FAIL_KERNEL=name[:N] makes the N-th
  * exec of kernel `name` in this process (every one without :N) fail as a CUDA launch failure does (a graph's replay of
  * it counts as an exec, and fails at the next sync, as a fault in a CUDA graph surfaces);
- * TENSORD_SIM_FAIL_INIT=name makes its init fail as a cuBLASLt / cuDNN algorithm search can. Graphs, recorded and
+ * TENSORD_SIM_FAIL_INIT=name makes its init fail as a cuBLASLt / cuDNN algorithm search can;
+ * TENSORD_SIM_LOSE_DEVICE=name[:N[:D]] makes the N-th exec of kernel `name` (counting only execs on sim:D when D is
+ * given; every exec without N) fail as a sticky CUDA error does (an illegal address): the device that ran it is lost
+ * for the rest of the process (krn_backend_device_lost reports it, with that first error), and every later kernel,
+ * copy, allocation, context and sync on it fails naming it, while the other sim devices and the CPU keep working.
+ * Graphs, recorded and
  * replayed as CUDA Graphs are: sim-graph.c.
  * Its work is done when a call returns (contexts and events order nothing), but it records what a device would
  * have overlapped: an event remembers the context it was recorded on, a context that waits for it remembers that
@@ -84,6 +89,7 @@ static eng_status sim_alloc(krn_ctx *c, size_t n, void **out) {
     int dev = c ? c->dev : 0;
     size_t ps = page_size(), len = ((n ? n : 1) + ps - 1) / ps * ps;
     *out = NULL;
+    ENG_TRY(sim_lost_check(dev, "an allocation"));
     pthread_mutex_lock(&sim_mu);
     size_t total = sim_memory(), used = sim_used[dev & 63];
     if (used + len > total) {
@@ -145,6 +151,7 @@ static void sim_prot(const void *p, size_t n, int open) {
 }
 
 static eng_status sim_ctx_new(int dev, krn_ctx **out) {
+    ENG_TRY(sim_lost_check(dev, "creating a context"));
     krn_ctx *c = calloc(1, sizeof *c);
     if (!c) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "sim:%d: out of memory", dev);
     c->dev = dev;
@@ -159,12 +166,14 @@ static void sim_ctx_free(krn_ctx *c) {
 static eng_status sim_ctx_sync(krn_ctx *c) {
     if (!c) return ENG_STATUS_OK;
     atomic_store(&c->waiting, 0); /* what waited for it now follows all of its work */
-    return sim_graph_sync(c);
+    eng_status st = sim_graph_sync(c);
+    return st != ENG_STATUS_OK ? st : sim_lost_check(c->dev, "synchronising a context");
 }
 
 eng_status sim_copy_in(krn_ctx *c, void *dst, const void *src, size_t n, int dst_dev, int src_dev) {
     if ((dst_dev && !sim_owns(dst, n)) || (src_dev && !sim_owns(src, n)))
         return eng_err(ENG_STATUS_INTERNAL, "sim:%d: a copy of %zu bytes names memory that is not the device's", c ? c->dev : 0, n);
+    ENG_TRY(sim_lost_check(c ? c->dev : 0, "a copy"));
     if (c && c->cap) return sim_graph_record_copy(c, dst, src, n, dst_dev, src_dev);
     if (dst_dev) sim_prot(dst, n, 1);
     if (src_dev) sim_prot(src, n, 1);
@@ -223,6 +232,65 @@ int sim_should_fail(const char *name) {
     return atomic_fetch_add(&seen, 1) + 1 == atol(e + n + 1);
 }
 
+/* ---- device health: TENSORD_SIM_LOSE_DEVICE ---- */
+
+#define SIM_MAX_DEVICES 64
+static atomic_int sim_lost[SIM_MAX_DEVICES];   /* 1: lost; its reason is written (under sim_lost_mu) before */
+static char sim_lost_why[SIM_MAX_DEVICES][320];
+static pthread_mutex_t sim_lost_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* TENSORD_SIM_LOSE_DEVICE=name[:N[:D]]: nonzero if this exec of kernel `name` on sim:dev is the one that loses it. */
+static int sim_should_lose(const char *name, int dev) {
+    const char *e = getenv("TENSORD_SIM_LOSE_DEVICE");
+    if (!e || !*e) return 0;
+    size_t n = strcspn(e, ":");
+    if (strlen(name) != n || strncmp(e, name, n) != 0) return 0;
+    if (!e[n]) return 1;
+    char *end;
+    long nth = strtol(e + n + 1, &end, 10);
+    if (*end == ':' && atoi(end + 1) != dev) return 0;
+    static atomic_long seen;
+    return atomic_fetch_add(&seen, 1) + 1 == nth;
+}
+
+static int sim_dev_lost(int dev, char *why, size_t cap) {
+    if (dev < 0 || dev >= SIM_MAX_DEVICES || !atomic_load(&sim_lost[dev])) return 0;
+    if (why && cap) {
+        pthread_mutex_lock(&sim_lost_mu);
+        krn_str_copy(why, cap, sim_lost_why[dev]);
+        pthread_mutex_unlock(&sim_lost_mu);
+    }
+    return 1;
+}
+
+eng_status sim_lost_check(int dev, const char *what) {
+    char why[320];
+    if (!sim_dev_lost(dev, why, sizeof why)) return ENG_STATUS_OK;
+    return eng_err(ENG_STATUS_INTERNAL, "sim:%d: %s: device sim:%d is lost (an earlier sticky error: %s); every call on it "
+                   "fails until the process restarts", dev, what, dev, why);
+}
+
+eng_status sim_exec_gate(int dev, const char *name) {
+    char what[96];
+    snprintf(what, sizeof what, "kernel '%s'", name);
+    ENG_TRY(sim_lost_check(dev, what));
+    if (sim_should_fail(name))
+        return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected launch failure (TENSORD_SIM_FAIL_KERNEL)", dev, name);
+    if (!sim_should_lose(name, dev)) return ENG_STATUS_OK;
+    if (dev >= 0 && dev < SIM_MAX_DEVICES) {
+        pthread_mutex_lock(&sim_lost_mu);
+        if (!atomic_load(&sim_lost[dev])) { /* the first error that lost it is the one kept */
+            snprintf(sim_lost_why[dev], sizeof sim_lost_why[dev], "kernel '%s': injected illegal memory access "
+                     "(TENSORD_SIM_LOSE_DEVICE)", name);
+            atomic_store(&sim_lost[dev], 1);
+        }
+        pthread_mutex_unlock(&sim_lost_mu);
+    }
+    return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected illegal memory access (TENSORD_SIM_LOSE_DEVICE): "
+                   "a sticky error: device sim:%d is lost, and every later call on it fails until the process restarts",
+                   dev, name, dev);
+}
+
 /* Tensor i of call c: its inputs, then its outputs. */
 static const eng_tensor *sim_tensor(const krn_call *c, int i) { return i < c->nin ? &c->in[i] : &c->out[i - c->nin]; }
 
@@ -248,13 +316,15 @@ static eng_status sim_call(const krn_kernel *k, krn_call *c, int init, const cha
     const char *fi = getenv("TENSORD_SIM_FAIL_INIT");
     if (init && fi && !strcmp(fi, name))
         return eng_err(ENG_STATUS_UNSUPPORTED, "sim:%d: kernel '%s': injected init failure (TENSORD_SIM_FAIL_INIT)", dev, name);
+    char what[96];
+    snprintf(what, sizeof what, "kernel '%s'%s", name, init ? " (init)" : "");
+    ENG_TRY(sim_lost_check(dev, what));
     if (c->ctx->cap) { /* recorded, not run (sim-graph.c): TENSORD_SIM_FAIL_KERNEL counts when a launch runs it */
         if (init) /* as a CUDA kernel's init (allocations, algorithm searches) cannot run inside a capture */
             return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': init during a graph capture", dev, name);
         return sim_graph_record_call(c->ctx, k, c, name);
     }
-    if (!init && sim_should_fail(name))
-        return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected launch failure (TENSORD_SIM_FAIL_KERNEL)", dev, name);
+    if (!init) ENG_TRY(sim_exec_gate(dev, name));
     if (init && !k->init) return ENG_STATUS_OK;
     if (!init) atomic_fetch_add(&sim_overlapped, atomic_exchange(&c->ctx->waiting, 0));
     return sim_kernel_run(k, c, init);
@@ -354,6 +424,8 @@ static const krn_backend krn_sim_backend = {
     .graph_free = sim_graph_free,
     /* multi-process collectives */
     .comm_id_new = sim_comm_id_new, .comm_new_ranks = sim_comm_new_ranks,
+    /* device health */
+    .device_lost = sim_dev_lost,
 };
 
 const krn_backend *krn_backend_sim(void) { return &krn_sim_backend; }

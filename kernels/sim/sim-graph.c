@@ -199,6 +199,7 @@ eng_status sim_graph_launch(krn_ctx *c, krn_graph *g) {
     if (c->cap) return eng_err(ENG_STATUS_INTERNAL, "sim:%d: graph launch on a context that is capturing", c->dev);
     if (g->dev != c->dev)
         return eng_err(ENG_STATUS_INTERNAL, "sim:%d: launch of a graph captured on sim:%d", c->dev, g->dev);
+    ENG_TRY(sim_lost_check(c->dev, "a graph launch"));
     if (launch_should_fail())
         return eng_err(ENG_STATUS_INTERNAL, "sim:%d: injected graph launch failure (TENSORD_SIM_FAIL_GRAPH)", c->dev);
     for (int i = 0; i < g->n; i++) {
@@ -216,11 +217,8 @@ eng_status sim_graph_launch(krn_ctx *c, krn_graph *g) {
                            bad < r->call.nin ? "input" : "output", bad < r->call.nin ? bad : bad - r->call.nin);
         krn_call call = r->call; /* the kernel may write call.state back: the recorded one stays */
         call.ctx = c;
-        if (sim_should_fail(r->name))
-            st = eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': injected launch failure (TENSORD_SIM_FAIL_KERNEL)",
-                         c->dev, r->name);
-        else
-            st = sim_kernel_run(r->k, &call, 0);
+        st = sim_exec_gate(c->dev, r->name);
+        if (st == ENG_STATUS_OK) st = sim_kernel_run(r->k, &call, 0);
         if (st != ENG_STATUS_OK) { /* the launched work failed: as a CUDA fault, it surfaces at the next sync */
             if (c->fault == ENG_STATUS_OK) {
                 c->fault = st;

@@ -23,6 +23,13 @@ struct krn_ctx {
 /* sim-backend.c */
 int sim_owns(const void *p, size_t n);                    /* [p, p+n) inside one sim block */
 int sim_should_fail(const char *name);                    /* TENSORD_SIM_FAIL_KERNEL: this run of kernel `name` fails */
+/* Device health (TENSORD_SIM_LOSE_DEVICE=name[:N[:D]]): the gate every kernel exec on device dev passes, a graph's
+ * replay included: OK, or a failure that names the device: the injected launch failure (TENSORD_SIM_FAIL_KERNEL),
+ * the injected sticky fault that loses the device, or "device lost" when it was lost before. */
+eng_status sim_exec_gate(int dev, const char *name);
+/* OK while device dev works; else a status naming the device, `what` (a copy, a sync, an allocation) and the error
+ * that lost it, as every call on a CUDA device fails after a sticky error. */
+eng_status sim_lost_check(int dev, const char *what);
 /* Run kernel k's init or exec on call c now: c's sim tensors opened for the call, closed after. */
 eng_status sim_kernel_run(const krn_kernel *k, krn_call *c, int init);
 /* A copy queued on c (recorded while c captures); dst_dev / src_dev: that side is sim memory. */

@@ -227,3 +227,64 @@ Test(devices, missing_cuda_fails_the_load_with_the_reason) {
               msg);
     srv_registry_free(&r);
 }
+
+/* Device health: a sticky fault (TENSORD_SIM_LOSE_DEVICE=name:N:D, as a CUDA illegal address) loses its device for the
+ * rest of the process: the backend reports it with the first error, every later kernel, copy, allocation, context
+ * and sync on it fails naming it, the other sim device and the CPU keep working, and srv_device_lost reports it
+ * (2 the first time: the one time it is logged). */
+Test(devices, sticky_fault_loses_only_its_device) {
+    const krn_backend *sim = NULL;
+    int dev = -1;
+    cr_assert_eq(krn_backend_by_name("sim:1", &sim, &dev), ENG_STATUS_OK, "%s", eng_last_error());
+    krn_ctx *c0 = NULL, *c1 = NULL;
+    cr_assert_eq(krn_ctx_new(sim, 0, &c0), ENG_STATUS_OK);
+    cr_assert_eq(krn_ctx_new(sim, 1, &c1), ENG_STATUS_OK);
+    void *b0 = NULL, *b1 = NULL;
+    cr_assert_eq(krn_buf_alloc(sim, c0, 64, &b0), ENG_STATUS_OK);
+    cr_assert_eq(krn_buf_alloc(sim, c1, 64, &b1), ENG_STATUS_OK);
+    const krn_kernel *k = krn_backend_find(sim, "eltwise_unary");
+    cr_assert(k);
+    /* the 1st exec on sim:1 (the gate fails it before the CPU kernel would read the call: no tensors needed) */
+    setenv("TENSORD_SIM_LOSE_DEVICE", "eltwise_unary:1:1", 1);
+    krn_call call = {.ctx = c1};
+    cr_assert(!krn_backend_device_lost(sim, 1, NULL, 0));
+    cr_assert_eq(k->exec(&call), ENG_STATUS_INTERNAL);
+    cr_assert(strstr(eng_last_error(), "injected illegal memory access") && strstr(eng_last_error(), "sim:1") &&
+              strstr(eng_last_error(), "lost"), "%s", eng_last_error());
+    char why[512];
+    cr_assert(krn_backend_device_lost(sim, 1, why, sizeof why));
+    cr_assert(strstr(why, "eltwise_unary") && strstr(why, "injected illegal memory access"), "%s", why);
+    cr_assert(!krn_backend_device_lost(sim, 0, why, sizeof why) && why[0] == 0);
+    cr_assert(!krn_backend_device_lost(krn_backend_cpu(), 0, NULL, 0));
+    /* everything on sim:1 fails from now on, naming the device and the first error */
+    float host[16] = {1, 2, 3};
+    void *p = NULL;
+    krn_ctx *c2 = NULL;
+    eng_status st[] = {k->exec(&call), krn_buf_set(sim, c1, b1, host, sizeof host), krn_ctx_sync(sim, c1),
+                       krn_buf_alloc(sim, c1, 64, &p), krn_ctx_new(sim, 1, &c2)};
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) cr_assert_eq(st[i], ENG_STATUS_INTERNAL, "call %zu worked", i);
+    cr_assert(strstr(eng_last_error(), "sim:1") && strstr(eng_last_error(), "lost") &&
+              strstr(eng_last_error(), "injected illegal memory access"), "%s", eng_last_error());
+    cr_assert(!p && !c2);
+    /* sim:0 works: a round trip through its memory */
+    float back[16] = {0};
+    cr_assert_eq(krn_buf_set(sim, c0, b0, host, sizeof host), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert_eq(krn_buf_get(sim, c0, back, b0, sizeof back), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert_eq(krn_ctx_sync(sim, c0), ENG_STATUS_OK, "%s", eng_last_error());
+    cr_assert(back[0] == 1 && back[2] == 3);
+    /* the server's view: srv_device_lost, 2 the first time (logged once), then 1; sim:0 and the CPU are fine */
+    srv_device d[SRV_DEVICE_MAX];
+    int n = 0;
+    srv_error err = {0};
+    cr_assert_eq(srv_device_resolve("sim:1,sim:0,cpu", d, &n, &err), SRV_OK, "%s", err.msg);
+    cr_assert_eq(srv_device_lost(&d[0], why, sizeof why), 2);
+    cr_assert(strstr(why, "injected illegal memory access"), "%s", why);
+    cr_assert_eq(srv_device_lost(&d[0], NULL, 0), 1);
+    cr_assert_eq(srv_device_lost(&d[1], NULL, 0), 0);
+    cr_assert_eq(srv_device_lost(&d[2], NULL, 0), 0);
+    unsetenv("TENSORD_SIM_LOSE_DEVICE");
+    krn_buf_free(sim, c0, b0);
+    krn_buf_free(sim, c1, b1);
+    krn_ctx_free(sim, &c0);
+    krn_ctx_free(sim, &c1);
+}
