@@ -107,7 +107,7 @@ typedef struct hold_arg {
 static void *give_later(void *arg) {
     hold_arg *h = arg;
     usleep((useconds_t)h->us);
-    version_give(h->v, h->idx);
+    version_give(h->v, h->idx, 0);
     return NULL;
 }
 
@@ -154,7 +154,7 @@ Test(instances, a_run_waits_for_a_free_instance_up_to_its_deadline) {
     cr_assert_geq(srv_now_us() - t0, 40 * 1000, "the run did not wait for the freed instance");
     pthread_join(th, NULL);
     cr_assert_not(v->inst[1].busy);
-    version_give(v, 0);
+    version_give(v, 0, 0);
     cr_assert_eq(predict_ones(v, srv_now_us() + 1000 * 1000, &err), SRV_OK, "%s", err.msg);
     srv_version_release(v);
     srv_registry_free(&r);
