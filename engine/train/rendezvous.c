@@ -401,7 +401,7 @@ static int listen_any(int port, int backlog) {
 static void peer_name(const struct sockaddr_storage *a, socklen_t len, char *out, size_t n) {
     char h[NI_MAXHOST] = "?", s[NI_MAXSERV] = "?";
     getnameinfo((const struct sockaddr *)a, len, h, sizeof h, s, sizeof s, NI_NUMERICHOST | NI_NUMERICSERV);
-    snprintf(out, n, "%s:%s", h, s);
+    snprintf(out, n, "%.63s:%.15s", h, s); /* numeric: an IPv6 address and a port fit */
 }
 
 /* Rank 0 gives up: tell the offending peer (fd, may be -1) and every joined peer why, log it, return the error. */
