@@ -50,7 +50,7 @@ typedef struct sim_shm {
     uint64_t gen;
     int broken; /* a rank gave up: why[] says why, every later call fails */
     char why[256];
-    /* then: pid_t pids[nranks]; uint64_t lens[nranks]; float slots[nranks][SIM_COMM_CHUNK] */
+    /* then: uint64_t lens[nranks]; pid_t pids[nranks]; float slots[nranks][SIM_COMM_CHUNK] (lens first: aligned) */
 } sim_shm;
 
 struct krn_comm {
@@ -69,8 +69,8 @@ static size_t seg_bytes(int nranks) {
     b = (b + 63) / 64 * 64;
     return b + (size_t)nranks * SIM_COMM_CHUNK * sizeof(float);
 }
-static pid_t *sh_pids(sim_shm *s) { return (pid_t *)((char *)s + hdr_bytes()); }
-static uint64_t *sh_lens(sim_shm *s) { return (uint64_t *)(sh_pids(s) + s->nranks); }
+static uint64_t *sh_lens(sim_shm *s) { return (uint64_t *)((char *)s + hdr_bytes()); }
+static pid_t *sh_pids(sim_shm *s) { return (pid_t *)(sh_lens(s) + s->nranks); }
 static float *sh_slot(sim_shm *s, int g) {
     size_t b = hdr_bytes() + (size_t)s->nranks * (sizeof(pid_t) + sizeof(uint64_t));
     b = (b + 63) / 64 * 64;
