@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh - the GPU checks of issue 14 in one call, on a machine with an NVIDIA GPU (an estimated 7 minutes
-# on one H200; never run on one yet). Prepare HERE with tests/gpu/pack.sh (builds with CUDA, bundles binaries + libraries + test data into
-# .gpu/bundle.tar.xz), then through the device tool:  run(command="bash tests/gpu/run.sh", carry=[".gpu"]).
+# on one H200; never run on one yet). Prepare HERE with tests/gpu/pack.sh (builds with CUDA, bundles binaries +
+# libraries + test data into .gpu/bundle.tar.xz), then through the device tool:  run(command="bash tests/gpu/run.sh", carry=[".gpu"]).
 # Without the bundle it uses build/ (a machine that builds tensord itself).
 #
 # Stages, each timed and recorded pass / FAIL / skip in $OUT/summary.md (plus each stage's log in $OUT):
