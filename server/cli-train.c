@@ -796,6 +796,7 @@ int srv_cmd_train(int argc, char **argv) {
     /* under mpirun: this process is one rank of the job (engine/train/comm-mpi.c); otherwise, with
      * TENSORD_WORLD_SIZE > 1 (deploy/k8s/train-job.yaml), one rank of a job joined through TENSORD_COORDINATOR */
     eng_comm *world = NULL;
+    const char *ws = getenv("TENSORD_WORLD_SIZE");
     if (rc == 0 && eng_comm_mpi_launched()) {
         if (eng_comm_new_mpi(&world) != ENG_STATUS_OK) {
             fprintf(stderr, "error: %s\n", eng_last_error());
@@ -804,8 +805,7 @@ int srv_cmd_train(int argc, char **argv) {
         }
         a.o.world = world;
         if (eng_comm_rank(world) != 0) a.o.progress = 0;
-    } else if (rc == 0 && getenv("TENSORD_WORLD_SIZE") && *getenv("TENSORD_WORLD_SIZE") &&
-               strcmp(getenv("TENSORD_WORLD_SIZE"), "1") != 0) {
+    } else if (rc == 0 && ws && *ws && strcmp(ws, "1") != 0) {
         if (train_join_coordinator(&a, &world) != 0) {
             train_args_free(&a);
             return 1;

@@ -68,23 +68,27 @@ static int in_list(const int64_t *a, int n, int64_t x) {
     return 0;
 }
 
-/* Under mu: the policy applied to the versions on disk (highest first), versions that failed to load with the
- * same stamp (or were retired for lost devices) left out, so a bad newest version does not push a good older one out of latest{N}; *npol of them.
- * Then the versions on disk that a label pins, whatever the policy. */
+/* A version on disk that is not aspired: it failed to load with the same stamp, or was retired for lost devices. */
+static int disk_ver_barred(reg_model *m, const srv_bundle_ver *d) {
+    const reg_ver *e = reg_find_ver(m, d->version);
+    return e && ((e->failed && srv_bundle_stamp_equal(&e->failed_stamp, &d->stamp)) || e->lost);
+}
+
+/* Under mu: the policy applied to the versions on disk (highest first), barred ones (disk_ver_barred) left out, so a
+ * bad newest version does not push a good older one out of latest{N}; *npol of them. Then the versions on disk that a
+ * label pins, whatever the policy. */
 static int compute_aspired(const poll_job *j, reg_model *m, const srv_bundle_ver *disk, int nd, int64_t *asp,
                            int *npol) {
     int na = 0;
     for (int i = 0; i < nd; i++) {
-        reg_ver *e = reg_find_ver(m, disk[i].version);
-        if (e && ((e->failed && srv_bundle_stamp_equal(&e->failed_stamp, &disk[i].stamp)) || e->lost)) continue;
+        if (disk_ver_barred(m, &disk[i])) continue;
         if (j->policy == SRV_POLICY_LATEST && na >= j->latest_n) break;
         if (j->policy == SRV_POLICY_SPECIFIC && !in_list(j->versions, j->nversions, disk[i].version)) continue;
         asp[na++] = disk[i].version;
     }
     *npol = na;
     for (int i = 0; i < nd; i++) {
-        reg_ver *e = reg_find_ver(m, disk[i].version);
-        if (e && ((e->failed && srv_bundle_stamp_equal(&e->failed_stamp, &disk[i].stamp)) || e->lost)) continue;
+        if (disk_ver_barred(m, &disk[i])) continue;
         if (in_list(j->pins, j->npins, disk[i].version) && !in_list(asp, na, disk[i].version)) asp[na++] = disk[i].version;
     }
     return na;

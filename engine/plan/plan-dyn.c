@@ -262,38 +262,15 @@ static int dyn_side(const eng_plan *p, int si, const eng_tensor *in, const eng_t
     return !s->dev_kernel->supports || s->dev_kernel->supports(&c) ? DYN_WHY_DEVICE : DYN_WHY_UNSUPPORTED;
 }
 
-/* Host buffers for n's outputs (shapes in out), owned by the run. */
-static eng_status dyn_host_outputs(eng_plan *p, const eng_node *n, eng_tensor *out) {
-    for (int i = 0; i < n->nout; i++) {
-        int v = n->outputs[i];
-        if (v < 0) {
-            out[i].data = NULL;
-            continue;
-        }
-        size_t nb = plan_dyn_value_bytes(p, v, &out[i]);
-        if (!(out[i].data = eng_alloc(nb ? nb : 1)))
-            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes for output %d", nb, i);
-        p->dyn_bufs[v] = out[i].data;
-        p->vals[v] = out[i];
-    }
-    return ENG_STATUS_OK;
-}
-
 /* Step s on the CPU: its inputs' host copies (fetched, except for shape-only ops, which read no data), its outputs in
  * host memory, the kernel's init / exec / free. */
 static eng_status dyn_run_cpu(eng_plan *p, plan_step *s, const eng_node *n, eng_tensor *in, eng_tensor *out) {
     int got;
     dyn_host_view(p, n, in);
     if (!(s->def->flags & ENG_OP_SHAPE_ONLY)) ENG_TRY(dyn_fetch(p, n, in, DYN_FETCH_ALL, &got));
-    ENG_TRY(dyn_host_outputs(p, n, out));
-    krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout, .nthreads = p->nthreads,
-                  .const_mask = s->const_mask};
-    eng_status st = s->kernel->init ? s->kernel->init(&c) : ENG_STATUS_OK;
-    if (st == ENG_STATUS_OK) plan_dyn_describe(p, s, &c);
-    if (st == ENG_STATUS_OK) st = s->kernel->exec(&c);
-    if (s->kernel->free_state && c.state) s->kernel->free_state(c.state);
+    ENG_TRY(plan_dyn_host_outputs(p, n, out));
     p->dyn->cpu_steps++;
-    return st;
+    return plan_dyn_run_kernel(p, s, in, out);
 }
 
 /* Step s on the device: its inputs' device copies, its outputs in device memory, the device kernel queued. *fell_back
@@ -347,7 +324,7 @@ static eng_status dyn_run_alias(eng_plan *p, const eng_node *n, const eng_tensor
     int src = n->inputs[0], v = n->outputs[0];
     size_t nb = eng_tensor_nbytes(&out[0]);
     if (!d->dev[src]) {
-        ENG_TRY(dyn_host_outputs(p, n, out));
+        ENG_TRY(plan_dyn_host_outputs(p, n, out));
         if (nb) memcpy(out[0].data, in[0].data, nb);
         return ENG_STATUS_OK;
     }
@@ -361,36 +338,14 @@ static eng_status dyn_run_alias(eng_plan *p, const eng_node *n, const eng_tensor
     return krn_buf_copy(p->dev, p->ctx, b, d->dev[src], nb);
 }
 
-/* A step whose kernel allocates its outputs, or an alias of a sequence: on the CPU; the run takes the buffers. */
+/* A step whose kernel allocates its outputs, or an alias of a sequence: on the CPU (its inputs fetched); the run takes
+ * the buffers. */
 static eng_status dyn_run_allocating(eng_plan *p, plan_step *s, const eng_node *n, eng_tensor *in, eng_tensor *out) {
     int got;
     ENG_TRY(dyn_fetch(p, n, in, DYN_FETCH_ALL, &got));
     for (int i = 0; i < n->nout; i++) memset(&out[i], 0, sizeof out[i]);
-    eng_status st;
-    if (s->def->flags & ENG_OP_ALIAS) {
-        st = eng_seq_clone(&in[0], &out[0]);
-    } else {
-        krn_call c = {.params = s->params, .in = in, .nin = n->nin, .out = out, .nout = n->nout,
-                      .nthreads = p->nthreads, .const_mask = s->const_mask};
-        st = s->kernel->init ? s->kernel->init(&c) : ENG_STATUS_OK;
-        if (st == ENG_STATUS_OK) st = s->kernel->exec(&c);
-        if (s->kernel->free_state && c.state) s->kernel->free_state(c.state);
-        p->dyn->cpu_steps++;
-    }
-    for (int i = 0; st == ENG_STATUS_OK && i < n->nout; i++)
-        if (n->outputs[i] >= 0 && !out[i].data && eng_tensor_numel(&out[i]) != 0)
-            st = eng_err(ENG_STATUS_INTERNAL, "output %d was not produced", i);
-    for (int i = 0; i < n->nout; i++) {
-        int v = n->outputs[i];
-        if (st != ENG_STATUS_OK || v < 0) {
-            eng_free(out[i].data);
-            continue;
-        }
-        if (!out[i].data && !(out[i].data = eng_alloc(1))) st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
-        p->dyn_bufs[v] = out[i].data;
-        p->vals[v] = out[i];
-    }
-    return st;
+    if (!(s->def->flags & ENG_OP_ALIAS)) p->dyn->cpu_steps++;
+    return plan_dyn_take_allocated(p, s, n, in, out);
 }
 
 static eng_status dyn_step(eng_plan *p, int si) {
@@ -446,6 +401,16 @@ static void dyn_say(eng_plan *p) {
             d->cpu_steps > shown ? ", ..." : "", d->copies, d->copy_bytes);
 }
 
+/* The run's device copies (not the shared weights), after its last sync. */
+static void dyn_free_copies(eng_plan *p) {
+    plan_dyn *d = p->dyn;
+    for (int v = 0; v < p->g->nvalues; v++) {
+        if (d->dev[v] && !d->shared[v]) krn_buf_free(p->dev, p->ctx, d->dev[v]);
+        d->dev[v] = NULL;
+        d->shared[v] = 0;
+    }
+}
+
 eng_status plan_dyn_run(eng_plan *p) {
     plan_dyn *d = p->dyn;
     const eng_graph *g = p->g;
@@ -457,11 +422,7 @@ eng_status plan_dyn_run(eng_plan *p) {
     for (int i = 0; st == ENG_STATUS_OK && i < g->noutputs; i++) st = dyn_to_host(p, g->outputs[i], &queued);
     eng_status sst = dyn_sync(p); /* always: queued work must not outlive the buffers freed next */
     if (st == ENG_STATUS_OK) st = sst;
-    for (int v = 0; v < g->nvalues; v++) {
-        if (d->dev[v] && !d->shared[v]) krn_buf_free(p->dev, p->ctx, d->dev[v]);
-        d->dev[v] = NULL;
-        d->shared[v] = 0;
-    }
+    dyn_free_copies(p);
     if (st == ENG_STATUS_OK) dyn_say(p);
     return st;
 }
@@ -482,8 +443,7 @@ void plan_dyn_free(eng_plan *p) {
     if (!d) return;
     if (p->ctx) (void)krn_ctx_sync(p->dev, p->ctx);
     dyn_flush(p);
-    for (int v = 0; v < p->g->nvalues; v++)
-        if (d->dev && d->dev[v] && !d->shared[v]) krn_buf_free(p->dev, p->ctx, d->dev[v]);
+    if (d->dev) dyn_free_copies(p);
     free(d->dev);
     free(d->shared);
     free(d->cpu);

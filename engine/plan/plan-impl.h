@@ -125,10 +125,15 @@ eng_status plan_dyn_setup(eng_plan *p);
 eng_status plan_dyn_run(eng_plan *p);
 void plan_dyn_stats(const eng_plan *p, eng_plan_stats *st);
 void plan_dyn_free(eng_plan *p);
-/* plan.c's helpers for it: check inferred outputs, bytes of value v shaped t, record a CPU kernel's choice. */
+/* plan.c's helpers for it: check inferred outputs, bytes of value v shaped t. */
 eng_status plan_dyn_check_outputs(const eng_node *n, const eng_tensor *out);
 size_t plan_dyn_value_bytes(const eng_plan *p, int v, const eng_tensor *t);
-void plan_dyn_describe(const eng_plan *p, plan_step *s, const krn_call *c);
+/* The host path's pieces, shared by plan.c's run_dynamic and plan-dyn.c: a step whose kernel allocates its outputs
+ * (or a sequence alias) run and its buffers taken; host buffers for a step's outputs; a CPU kernel's init / exec /
+ * free (with its describe line). No node prefix on errors: callers add it. */
+eng_status plan_dyn_take_allocated(eng_plan *p, plan_step *s, const eng_node *n, eng_tensor *in, eng_tensor *outs);
+eng_status plan_dyn_host_outputs(eng_plan *p, const eng_node *n, eng_tensor *outs);
+eng_status plan_dyn_run_kernel(const eng_plan *p, plan_step *s, eng_tensor *in, eng_tensor *outs);
 
 /* plan-graph.c. plan_graph_setup: at the end of a plan's construction, whether its runs may use a graph.
  * plan_graph_run: at the start of a static run; *done set when the run was made by launching the graph (the result

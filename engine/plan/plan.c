@@ -605,13 +605,11 @@ static void dyn_reset(eng_plan *p) {
 }
 
 /* A dynamic run's step whose kernel allocates its outputs (ENG_OP_ALLOCATES), or an alias of a sequence (a copy of
- * its block): the plan takes the buffers. */
-static eng_status run_allocating(eng_plan *p, plan_step *s, const eng_node *n, eng_tensor *in, eng_tensor *outs) {
-    const eng_graph *g = p->g;
-    char lb[300];
+ * its block), on the CPU: the plan takes the buffers (p->dyn_bufs). On failure nothing is kept; no node prefix. */
+eng_status plan_dyn_take_allocated(eng_plan *p, plan_step *s, const eng_node *n, eng_tensor *in, eng_tensor *outs) {
     eng_status st;
     if (s->def->flags & ENG_OP_ALIAS) st = eng_seq_clone(&in[0], &outs[0]);
-    else st = run_kernel_once(g, s, s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
+    else st = run_kernel_once(p->g, s, s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
     for (int i = 0; i < n->nout; i++) {
         int v = n->outputs[i];
         if (st == ENG_STATUS_OK && v >= 0 && !outs[i].data && eng_tensor_numel(&outs[i]) != 0)
@@ -619,7 +617,7 @@ static eng_status run_allocating(eng_plan *p, plan_step *s, const eng_node *n, e
     }
     if (st != ENG_STATUS_OK) {
         for (int i = 0; i < n->nout; i++) eng_free(outs[i].data);
-        return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
+        return st;
     }
     for (int i = 0; i < n->nout; i++) {
         int v = n->outputs[i];
@@ -627,18 +625,37 @@ static eng_status run_allocating(eng_plan *p, plan_step *s, const eng_node *n, e
             eng_free(outs[i].data);
             continue;
         }
-        if (!outs[i].data && !(outs[i].data = eng_alloc(1)))
-            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "%sout of memory", plan_node_label(g, n, lb, sizeof lb));
+        if (!outs[i].data && !(outs[i].data = eng_alloc(1))) return eng_err(ENG_STATUS_OUT_OF_MEMORY, "out of memory");
         p->dyn_bufs[v] = outs[i].data;
         p->vals[v] = outs[i];
     }
-    for (int i = 0; i < n->nin; i++) dyn_release(p, n->inputs[i]);
     return ENG_STATUS_OK;
+}
+
+/* Host buffers for a dynamic run's step outputs (shapes in outs), owned by the run (p->dyn_bufs). */
+eng_status plan_dyn_host_outputs(eng_plan *p, const eng_node *n, eng_tensor *outs) {
+    for (int i = 0; i < n->nout; i++) {
+        int v = n->outputs[i];
+        if (v < 0) { /* omitted optional output: kernels skip it */
+            outs[i].data = NULL;
+            continue;
+        }
+        size_t nb = plan_value_bytes(p->g, v, &outs[i]);
+        if (!(outs[i].data = eng_alloc(nb ? nb : 1)))
+            return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes for output %d", nb, i);
+        p->dyn_bufs[v] = outs[i].data;
+        p->vals[v] = outs[i];
+    }
+    return ENG_STATUS_OK;
+}
+
+eng_status plan_dyn_run_kernel(const eng_plan *p, plan_step *s, eng_tensor *in, eng_tensor *outs) {
+    const eng_node *n = &p->g->nodes[s->node];
+    return run_kernel_once(p->g, s, s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);
 }
 
 eng_status plan_dyn_check_outputs(const eng_node *n, const eng_tensor *out) { return check_outputs(n, out, n->nout); }
 size_t plan_dyn_value_bytes(const eng_plan *p, int v, const eng_tensor *t) { return plan_value_bytes(p->g, v, t); }
-void plan_dyn_describe(const eng_plan *p, plan_step *s, const krn_call *c) { step_describe(p->g, s, c); }
 
 static eng_status run_dynamic(eng_plan *p) {
     const eng_graph *g = p->g;
@@ -653,7 +670,9 @@ static eng_status run_dynamic(eng_plan *p) {
         ctx_fill(p, n, in, outs);
         if ((s->def->flags & ENG_OP_ALLOCATES) ||
             ((s->def->flags & ENG_OP_ALIAS) && in[0].dtype == ENG_DTYPE_SEQUENCE)) {
-            ENG_TRY(run_allocating(p, s, n, in, outs));
+            eng_status st = plan_dyn_take_allocated(p, s, n, in, outs);
+            if (st != ENG_STATUS_OK) return eng_err_prefix(st, "%s", plan_node_label(g, n, lb, sizeof lb));
+            for (int i = 0; i < n->nin; i++) dyn_release(p, n->inputs[i]);
             continue;
         }
         eng_op_ctx c = {.graph = g, .node = n, .opset = g->opset, .in = in, .nin = n->nin, .out = outs,
@@ -662,21 +681,7 @@ static eng_status run_dynamic(eng_plan *p) {
         if (st == ENG_STATUS_NEEDS_DATA)
             st = eng_err(ENG_STATUS_INTERNAL, "shape inference needs data that is missing at run time");
         if (st == ENG_STATUS_OK) st = check_outputs(n, outs, n->nout);
-        for (int i = 0; st == ENG_STATUS_OK && i < n->nout; i++) {
-            int v = n->outputs[i];
-            if (v < 0) { /* omitted optional output: kernels skip it */
-                outs[i].data = NULL;
-                continue;
-            }
-            size_t nb = plan_value_bytes(g, v, &outs[i]);
-            outs[i].data = eng_alloc(nb ? nb : 1);
-            if (!outs[i].data) {
-                st = eng_err(ENG_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes for output %d", nb, i);
-                break;
-            }
-            p->dyn_bufs[v] = outs[i].data;
-            p->vals[v] = outs[i];
-        }
+        if (st == ENG_STATUS_OK) st = plan_dyn_host_outputs(p, n, outs);
         if (st == ENG_STATUS_OK) {
             if (s->def->flags & ENG_OP_ALIAS) memcpy(outs[0].data, in[0].data, eng_tensor_nbytes(&outs[0]));
             else st = run_kernel_once(g, s, s->kernel, s->params, in, n->nin, outs, n->nout, p->nthreads, s->const_mask);

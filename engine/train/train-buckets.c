@@ -216,7 +216,7 @@ void trn_buckets_begin(trn_ctx *c, trn_replica *rp) {
     for (int b = 0; b < bk->n; b++) q->left[b] = bk->start[b + 1] - bk->start[b];
     for (int k = 0; k < c->nparams; k++) rp->gbuf[k] = NULL;
     q->next = 0;
-    q->share = rp->b->rows > 0 ? (float)((double)rp->rows / (double)rp->b->rows) : 0.0f;
+    q->share = trn_replica_share(rp);
     q->st = ENG_STATUS_OK;
     q->err[0] = 0;
     q->running = 1;

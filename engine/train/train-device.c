@@ -215,9 +215,9 @@ eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
     if (rp->bq) { /* buckets (train-buckets.c): most were sent during the run; the rest now, then the update waits */
         first = trn_buckets_finish(c, rp, ok);
         if (!ok || first != ENG_STATUS_OK) return first != ENG_STATUS_OK ? first : ENG_STATUS_INTERNAL;
-        return c->W > 1 ? ENG_STATUS_OK : dev_apply(c, rp, rp->gbuf);
+        return c->W > 1 && !c->dcomm_world ? ENG_STATUS_OK : dev_apply(c, rp, rp->gbuf);
     }
-    float share = rp->b->rows > 0 ? (float)((double)rp->rows / (double)rp->b->rows) : 0.0f;
+    float share = trn_replica_share(rp);
     int have = ok && rp->rows > 0;
     /* every rank makes every collective call, in parameter order, whatever happened to it (or the others would
      * wait for it forever); a rank that failed contributes zeros and reports its own error after */
@@ -234,17 +234,18 @@ eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok) {
         rp->gbuf[k] = buf;
     }
     if (!ok || first != ENG_STATUS_OK) return first != ENG_STATUS_OK ? first : ENG_STATUS_INTERNAL;
-    if (c->W > 1) return ENG_STATUS_OK; /* across processes: trn_dev_world, on the trainer's thread */
+    /* across processes without one communicator spanning them: the sums go through trn_dev_world first */
+    if (c->W > 1 && !c->dcomm_world) return ENG_STATUS_OK;
     return dev_apply(c, rp, rp->gbuf);
 }
 
 eng_status trn_dev_world(trn_ctx *c, double *loss, double *acc) {
-    if (c->dcomm_world) { /* the gradients are the job's sums already: only the metrics cross the processes */
+    if (c->dcomm_world) { /* the gradients were the job's sums and each replica applied them on its thread: only
+                           * the metrics cross the processes */
         float m[2] = {(float)*loss, (float)*acc};
         ENG_TRY(eng_comm_allreduce(c->world, c->wrank, m, 2, 0));
         *loss = m[0];
         *acc = m[1];
-        for (int r = 0; r < c->R; r++) ENG_TRY(dev_apply(c, &c->reps[r], c->reps[r].gbuf));
         return ENG_STATUS_OK;
     }
     /* the processes' sums: rank 0's reduced gradients through host memory and MPI, then back to every replica */

@@ -239,6 +239,11 @@ eng_status trn_dev_update(trn_ctx *c, trn_replica *rp, int ok);
 /* Zeros standing in for param k's gradient on a replica that ran no rows (or failed): device memory of its own,
  * zeroed now (its context synchronised). */
 eng_status trn_dev_zeros(trn_ctx *c, trn_replica *rp, int k, void **out);
+/* Replica rp's share of the step's batch (its rows / the batch's): the prescale of its gradients' all-reduce, so the
+ * sum over replicas is the whole batch's mean gradient. */
+static inline float trn_replica_share(const trn_replica *rp) {
+    return rp->b->rows > 0 ? (float)((double)rp->rows / (double)rp->b->rows) : 0.0f;
+}
 /* train-buckets.c: gradients all-reduced in buckets of about o->bucket_mb while the backward pass runs (PyTorch DDP's
  * scheme). trn_buckets_new (the trainer's thread, before a step's replicas start; once): when device-resident with
  * collectives and buckets on, the buckets from the training graph and each replica's communication context and

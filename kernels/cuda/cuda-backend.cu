@@ -55,11 +55,6 @@ struct krn_event {
 
 #define CUDA_WORKSPACE_INITIAL ((size_t)32 << 20)
 
-/* Status from a failed runtime call on device dev. Clears the thread's last CUDA error first: a non-sticky error
- * left there would be reported again by the next kernel's CUDA_LAUNCHED. A sticky one loses the device (cuda_error). */
-static eng_status dev_err(int dev, const char *what, cudaError_t e) { return cuda_error(dev, what, e); }
-#define DEV_TRY(dev, what, expr) do { cudaError_t e__ = (expr); if (e__ != cudaSuccess) return dev_err((dev), (what), e__); } while (0)
-
 /* Errors after which the CUDA context of the process is unusable (every later call fails with the same error). */
 extern "C" int cuda_error_is_sticky(cudaError_t e) {
     switch (e) {
@@ -150,10 +145,10 @@ static eng_status cuda_mem_info(int dev, size_t *free_b, size_t *total_b) {
     ENG_TRY(check_device(dev));
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-    DEV_TRY(dev, "cudaSetDevice", cudaSetDevice(dev));
+    CUDA_DEV_TRY(dev, "cudaSetDevice", cudaSetDevice(dev));
     cudaError_t e = cudaMemGetInfo(free_b, total_b);
     if (prev >= 0 && prev != dev) (void)cudaSetDevice(prev);
-    if (e != cudaSuccess) return dev_err(dev, "cudaMemGetInfo", e);
+    if (e != cudaSuccess) return cuda_error(dev, "cudaMemGetInfo", e);
     return ENG_STATUS_OK;
 }
 
@@ -168,7 +163,7 @@ static eng_status cuda_precision_check(eng_dtype dt) {
         dev = 0;
     }
     cudaDeviceProp prop;
-    DEV_TRY(dev, "cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, dev));
+    CUDA_DEV_TRY(dev, "cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, dev));
     int sm = prop.major * 10 + prop.minor;
     int need;
     const char *why;
@@ -203,12 +198,12 @@ static void cuda_ctx_free(krn_ctx *c) {
 /* Fills x (x->device set); on failure the caller frees what was made with cuda_ctx_free. */
 static eng_status ctx_init(cuda_ctx *x) {
     int dev = x->device;
-    DEV_TRY(dev, "cudaSetDevice", cudaSetDevice(dev));
+    CUDA_DEV_TRY(dev, "cudaSetDevice", cudaSetDevice(dev));
     int major = 0, minor = 0;
-    DEV_TRY(dev, "cudaDeviceGetAttribute(major)", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    DEV_TRY(dev, "cudaDeviceGetAttribute(minor)", cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CUDA_DEV_TRY(dev, "cudaDeviceGetAttribute(major)", cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_DEV_TRY(dev, "cudaDeviceGetAttribute(minor)", cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     x->sm = major * 10 + minor;
-    DEV_TRY(dev, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
+    CUDA_DEV_TRY(dev, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
     cublasStatus_t bs = cublasLtCreate(&x->lt);
     if (bs != CUBLAS_STATUS_SUCCESS) {
         x->lt = NULL;
@@ -247,7 +242,7 @@ static eng_status cuda_ctx_new(int dev, krn_ctx **out) {
  * not at its launch) as a status naming the device and the CUDA error. */
 static eng_status cuda_ctx_sync(krn_ctx *c) {
     cuda_ctx *x = (cuda_ctx *)c;
-    DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
     cudaError_t e = cudaStreamSynchronize(x->stream);
     if (e == cudaSuccess) return ENG_STATUS_OK;
     return cuda_error(x->device, "work queued on the stream failed", e);
@@ -255,7 +250,7 @@ static eng_status cuda_ctx_sync(krn_ctx *c) {
 
 static eng_status cuda_ctx_enter(krn_ctx *c) {
     cuda_ctx *x = (cuda_ctx *)c;
-    DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
     return ENG_STATUS_OK;
 }
 
@@ -269,12 +264,12 @@ extern "C" eng_status cuda_ctx_workspace(cuda_ctx *x, size_t n, void **out) {
         return ENG_STATUS_OK;
     }
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    DEV_TRY(x->device, "cudaStreamIsCapturing", cudaStreamIsCapturing(x->stream, &cap));
+    CUDA_DEV_TRY(x->device, "cudaStreamIsCapturing", cudaStreamIsCapturing(x->stream, &cap));
     if (cap != cudaStreamCaptureStatusNone)
         return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: the workspace must grow from %zu to %zu bytes during a CUDA graph "
                        "capture, where it cannot", x->device, x->ws_bytes, n);
-    DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
-    DEV_TRY(x->device, "cudaStreamSynchronize (growing the workspace)", cudaStreamSynchronize(x->stream));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaStreamSynchronize (growing the workspace)", cudaStreamSynchronize(x->stream));
     if (x->workspace) cuda_mem_free(x->device, x->workspace);
     x->workspace = NULL;
     x->ws_bytes = 0;
@@ -321,7 +316,7 @@ static void cuda_host_free(void *p) {
 static eng_status ctx_copy(krn_ctx *c, void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *what) {
     if (n == 0) return ENG_STATUS_OK;
     cuda_ctx *x = (cuda_ctx *)c;
-    DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
     cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, x->stream);
     if (e == cudaSuccess) return ENG_STATUS_OK;
     char w[160];
@@ -351,7 +346,7 @@ static eng_status cuda_event_new(krn_ctx *c, krn_event **out) {
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming);
     if (err != cudaSuccess) {
         free(e);
-        return dev_err(dev, "cudaEventCreateWithFlags", err);
+        return cuda_error(dev, "cudaEventCreateWithFlags", err);
     }
     *out = e;
     return ENG_STATUS_OK;
@@ -361,16 +356,16 @@ static eng_status cuda_event_record(krn_ctx *c, krn_event *e) {
     cuda_ctx *x = (cuda_ctx *)c;
     if (e->dev != x->device)
         return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: cannot record an event of cuda:%d on this device's stream", x->device, e->dev);
-    DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
-    DEV_TRY(x->device, "cudaEventRecord", cudaEventRecord(e->ev, x->stream));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaEventRecord", cudaEventRecord(e->ev, x->stream));
     return ENG_STATUS_OK;
 }
 
 /* Work queued on c after this waits for the event (which may be of another device); the host does not wait. */
 static eng_status cuda_event_wait(krn_ctx *c, krn_event *e) {
     cuda_ctx *x = (cuda_ctx *)c;
-    DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
-    DEV_TRY(x->device, "cudaStreamWaitEvent", cudaStreamWaitEvent(x->stream, e->ev, 0));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaStreamWaitEvent", cudaStreamWaitEvent(x->stream, e->ev, 0));
     return ENG_STATUS_OK;
 }
 

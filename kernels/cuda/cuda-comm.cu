@@ -28,15 +28,23 @@ __global__ void comm_scale(float *__restrict__ b, long long n, float s) {
         b[i] *= s;
 }
 
-extern "C" eng_status cuda_comm_new(int n, const int *devices, krn_comm **out) {
-    *out = NULL;
+/* A communicator's host part with room for n local ranks' NCCL handles (none made yet). */
+static eng_status comm_alloc(int n, krn_comm **out) {
     krn_comm *cm = (krn_comm *)calloc(1, sizeof *cm);
     if (cm) cm->comms = (ncclComm_t *)calloc((size_t)n, sizeof *cm->comms);
     if (!cm || !cm->comms) {
         if (cm) free(cm->comms);
         free(cm);
-        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cuda: out of memory for an NCCL communicator of %d ranks", n);
+        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cuda: out of memory for an NCCL communicator of %d local ranks", n);
     }
+    *out = cm;
+    return ENG_STATUS_OK;
+}
+
+extern "C" eng_status cuda_comm_new(int n, const int *devices, krn_comm **out) {
+    *out = NULL;
+    krn_comm *cm = NULL;
+    ENG_TRY(comm_alloc(n, &cm));
     ncclResult_t r = ncclCommInitAll(cm->comms, n, devices);
     if (r != ncclSuccess) {
         free(cm->comms);
@@ -64,13 +72,8 @@ extern "C" eng_status cuda_comm_id_new(krn_comm_id *id) {
 extern "C" eng_status cuda_comm_new_ranks(const krn_comm_id *id, int nranks, int first, int nlocal, const int *devices,
                                           krn_comm **out) {
     *out = NULL;
-    krn_comm *cm = (krn_comm *)calloc(1, sizeof *cm);
-    if (cm) cm->comms = (ncclComm_t *)calloc((size_t)nlocal, sizeof *cm->comms);
-    if (!cm || !cm->comms) {
-        if (cm) free(cm->comms);
-        free(cm);
-        return eng_err(ENG_STATUS_OUT_OF_MEMORY, "cuda: out of memory for an NCCL communicator of %d local ranks", nlocal);
-    }
+    krn_comm *cm = NULL;
+    ENG_TRY(comm_alloc(nlocal, &cm));
     ncclUniqueId u;
     memcpy(&u, id->bytes, sizeof u);
     int prev = 0;

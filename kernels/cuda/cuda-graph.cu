@@ -27,20 +27,18 @@ struct krn_graph {
     void *workspace; /* the context's workspace at capture: recorded kernels use this address */
 };
 
-static eng_status graph_err(int dev, const char *what, cudaError_t e) { return cuda_error(dev, what, e); }
-#define GRAPH_TRY(dev, what, expr) do { cudaError_t e__ = (expr); if (e__ != cudaSuccess) return graph_err((dev), (what), e__); } while (0)
 
 extern "C" eng_status cuda_graph_begin(krn_ctx *c) {
     cuda_ctx *x = (cuda_ctx *)c;
     if (!x) return eng_err(ENG_STATUS_INTERNAL, "cuda: graph capture without a context");
-    GRAPH_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    GRAPH_TRY(x->device, "cudaStreamIsCapturing", cudaStreamIsCapturing(x->stream, &cap));
+    CUDA_DEV_TRY(x->device, "cudaStreamIsCapturing", cudaStreamIsCapturing(x->stream, &cap));
     if (cap != cudaStreamCaptureStatusNone)
         return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: a graph capture is already under way on this stream", x->device);
     /* a non-sticky error left by earlier work would be reported by the first captured kernel's launch check */
     (void)cudaGetLastError();
-    GRAPH_TRY(x->device, "cudaStreamBeginCapture", cudaStreamBeginCapture(x->stream, cudaStreamCaptureModeThreadLocal));
+    CUDA_DEV_TRY(x->device, "cudaStreamBeginCapture", cudaStreamBeginCapture(x->stream, cudaStreamCaptureModeThreadLocal));
     return ENG_STATUS_OK;
 }
 
@@ -48,29 +46,29 @@ extern "C" eng_status cuda_graph_end(krn_ctx *c, krn_graph **out) {
     if (out) *out = NULL;
     cuda_ctx *x = (cuda_ctx *)c;
     if (!x) return eng_err(ENG_STATUS_INTERNAL, "cuda: graph end without a context");
-    GRAPH_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
     cudaGraph_t g = NULL;
     cudaError_t e = cudaStreamEndCapture(x->stream, &g); /* ends the capture even when it was invalidated */
     if (e != cudaSuccess) {
         if (g && cudaGraphDestroy(g) != cudaSuccess) (void)cudaGetLastError();
-        return graph_err(x->device, "cudaStreamEndCapture (the capture was invalidated: a call that cannot be captured, "
+        return cuda_error(x->device, "cudaStreamEndCapture (the capture was invalidated: a call that cannot be captured, "
                          "such as an allocation or a synchronisation, or a failed launch)", e);
     }
     if (!g) return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: cudaStreamEndCapture produced no graph", x->device);
     if (!out) { /* discard */
-        GRAPH_TRY(x->device, "cudaGraphDestroy", cudaGraphDestroy(g));
+        CUDA_DEV_TRY(x->device, "cudaGraphDestroy", cudaGraphDestroy(g));
         return ENG_STATUS_OK;
     }
     cudaGraphExec_t ex = NULL;
     e = cudaGraphInstantiate(&ex, g, 0ULL);
     if (e != cudaSuccess) {
-        eng_status st = graph_err(x->device, "cudaGraphInstantiate", e);
+        eng_status st = cuda_error(x->device, "cudaGraphInstantiate", e);
         if (cudaGraphDestroy(g) != cudaSuccess) (void)cudaGetLastError();
         return st;
     }
     e = cudaGraphUpload(ex, x->stream); /* the first launch then costs what later ones do */
     if (e != cudaSuccess) {
-        eng_status st = graph_err(x->device, "cudaGraphUpload", e);
+        eng_status st = cuda_error(x->device, "cudaGraphUpload", e);
         if (cudaGraphExecDestroy(ex) != cudaSuccess) (void)cudaGetLastError();
         if (cudaGraphDestroy(g) != cudaSuccess) (void)cudaGetLastError();
         return st;
@@ -97,8 +95,8 @@ extern "C" eng_status cuda_graph_launch(krn_ctx *c, krn_graph *g) {
     if (g->workspace != x->workspace)
         return eng_err(ENG_STATUS_INTERNAL, "cuda:%d: the context's workspace moved since the graph was captured: its "
                        "kernels would use freed memory", x->device);
-    GRAPH_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
-    GRAPH_TRY(x->device, "cudaGraphLaunch", cudaGraphLaunch(g->exec, x->stream));
+    CUDA_DEV_TRY(x->device, "cudaSetDevice", cudaSetDevice(x->device));
+    CUDA_DEV_TRY(x->device, "cudaGraphLaunch", cudaGraphLaunch(g->exec, x->stream));
     return ENG_STATUS_OK;
 }
 

@@ -69,6 +69,8 @@ int cuda_error_is_sticky(cudaError_t e);
  * device). */
 #define CUDA_ERR(what, e) cuda_error(-1, (what), (e))
 #define CUDA_TRY(what, expr) do { cudaError_t e__ = (expr); if (e__ != cudaSuccess) return CUDA_ERR(what, e__); } while (0)
+/* As CUDA_TRY for runtime calls about device dev (messages name it as cuda:N). */
+#define CUDA_DEV_TRY(dev, what, expr) do { cudaError_t e__ = (expr); if (e__ != cudaSuccess) return cuda_error((dev), (what), e__); } while (0)
 /* After a <<<>>> launch. */
 #define CUDA_LAUNCHED(what) do { cudaError_t e__ = cudaGetLastError(); if (e__ != cudaSuccess) return CUDA_ERR(what, e__); } while (0)
 #define CUBLAS_TRY(what, expr) do { cublasStatus_t s__ = (expr); if (s__ != CUBLAS_STATUS_SUCCESS) \

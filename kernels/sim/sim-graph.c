@@ -18,6 +18,7 @@
  * of this process fail as cudaGraphLaunch can, before any of its work runs; TENSORD_SIM_FAIL_CAPTURE=name makes
  * recording kernel `name` fail, as a CUDA kernel that allocates or synchronises in exec fails a capture.
  */
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,17 @@ struct krn_graph {
     int n;
 };
 
+/* The capture is broken (the first reason kept): graph_end fails and discards it. */
+static void cap_invalidate(sim_capture *cp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void cap_invalidate(sim_capture *cp, const char *fmt, ...) {
+    if (cp->invalid) return;
+    cp->invalid = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cp->why, sizeof cp->why, fmt, ap);
+    va_end(ap);
+}
+
 static void recs_free(sim_rec *recs, int n) {
     for (int i = 0; i < n; i++) free(recs[i].t);
     free(recs);
@@ -61,8 +73,7 @@ static sim_rec *rec_push(krn_ctx *c) {
         int nc = cp->cap ? cp->cap * 2 : 32;
         sim_rec *r = realloc(cp->recs, (size_t)nc * sizeof *r);
         if (!r) {
-            cp->invalid = 1;
-            snprintf(cp->why, sizeof cp->why, "out of host memory recording %d operations", cp->n + 1);
+            cap_invalidate(cp, "out of host memory recording %d operations", cp->n + 1);
             return NULL;
         }
         cp->recs = r;
@@ -80,10 +91,7 @@ static eng_status rec_refused(krn_ctx *c) {
 eng_status sim_graph_record_call(krn_ctx *c, const krn_kernel *k, const krn_call *call, const char *name) {
     const char *fc = getenv("TENSORD_SIM_FAIL_CAPTURE");
     if (fc && !strcmp(fc, name)) {
-        if (!c->cap->invalid) {
-            c->cap->invalid = 1;
-            snprintf(c->cap->why, sizeof c->cap->why, "kernel '%s' cannot be captured", name);
-        }
+        cap_invalidate(c->cap, "kernel '%s' cannot be captured", name);
         return eng_err(ENG_STATUS_INTERNAL, "sim:%d: kernel '%s': operation not permitted when stream is capturing "
                        "(injected: TENSORD_SIM_FAIL_CAPTURE)", c->dev, name);
     }
@@ -92,8 +100,7 @@ eng_status sim_graph_record_call(krn_ctx *c, const krn_kernel *k, const krn_call
     int nt = call->nin + call->nout;
     r->t = malloc((size_t)(nt ? nt : 1) * sizeof *r->t);
     if (!r->t) {
-        c->cap->invalid = 1;
-        snprintf(c->cap->why, sizeof c->cap->why, "out of host memory recording kernel '%s'", name);
+        cap_invalidate(c->cap, "out of host memory recording kernel '%s'", name);
         return rec_refused(c);
     }
     for (int i = 0; i < call->nin; i++) r->t[i] = call->in[i];
@@ -126,10 +133,7 @@ eng_status sim_graph_sync(krn_ctx *c) {
         c->fault = ENG_STATUS_OK;
         return eng_err(st, "%s", c->fault_msg);
     }
-    if (!c->cap->invalid) {
-        c->cap->invalid = 1;
-        snprintf(c->cap->why, sizeof c->cap->why, "the context was synchronised during the capture");
-    }
+    cap_invalidate(c->cap, "the context was synchronised during the capture");
     return eng_err(ENG_STATUS_INTERNAL, "sim:%d: synchronising a context that is capturing a graph (this invalidates "
                    "the capture)", c->dev);
 }

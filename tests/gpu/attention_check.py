@@ -5,7 +5,6 @@ layer (batch 8, 128 tokens, 12 heads of 64) fused and unfused (TENSORD_NO_ATTENT
 Usage: attention_check.py BIN DEVICE WORKDIR [--quick]. Prints one JSON line of figures; exit 1 on a failed check."""
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 from attention_models import attention_model, feeds  # noqa: E402
+from gpu_util import bench_variants  # noqa: E402
 
 
 def main():
@@ -58,17 +58,14 @@ def main():
             print(f"{name} {prec}: FusedAttention steps {fused}, max rel err vs onnxruntime {err:.3e} "
                   f"(bar {tol:g}) {'ok' if good else 'FAIL'}")
     d = os.path.join(work, "bert_shape")
-    ins = [a for k in ("x", "mask") for a in ("--input", f"{k}={os.path.join(d, k + '.npy')}")]
-    for label, env in (("fused", {}), ("unfused", {"TENSORD_NO_ATTENTION_FUSE": "1"})):
-        cp = subprocess.run([binary, "bench", "--model", os.path.join(d, "model.onnx"), "--device", dev,
-                             "--iterations", "10" if quick else "100", "--warmup", "5"] + ins,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, **env})
-        med = re.search(r"median_ms=([0-9.]+)", cp.stdout)
-        if cp.returncode != 0 or not med:
-            print(f"bench {label}: exit {cp.returncode}\n{cp.stderr[-2000:]}")
+    runs = bench_variants(binary, os.path.join(d, "model.onnx"), {k: os.path.join(d, k + ".npy") for k in ("x", "mask")},
+                          dev, 10 if quick else 100, (("fused", {}), ("unfused", {"TENSORD_NO_ATTENTION_FUSE": "1"})), 300)
+    for label, (med, _out, err) in runs.items():
+        if med is None:
+            print(f"bench {label} failed:\n{err[-2000:]}")
             ok = False
             continue
-        figs[f"bert_layer_{label}_ms"] = float(med.group(1))
+        figs[f"bert_layer_{label}_ms"] = med
     if "bert_layer_fused_ms" in figs and "bert_layer_unfused_ms" in figs:
         figs["bert_layer_speedup"] = round(figs["bert_layer_unfused_ms"] / figs["bert_layer_fused_ms"], 2)
     print(json.dumps(figs))

@@ -17,6 +17,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_util import bench_variants  # noqa: E402
+
 REQUESTS = 6
 
 
@@ -68,18 +71,16 @@ def main():
         srv.wait(timeout=60)
     x = os.path.join(work, "x1.npy")
     np.save(x, np.random.default_rng(99).standard_normal(shape).astype(np.float32))
-    for label, env in (("graphs", {}), ("eager", {"TENSORD_CUDA_GRAPHS": "0"})):
-        cp = subprocess.run([binary, "bench", "--model", model, "--input", f"{inp.name}={x}", "--device", dev,
-                             "--iterations", "20" if quick else "300", "--warmup", "5"],
-                            capture_output=True, text=True, timeout=600, env={**os.environ, **env})
-        med = re.search(r"median_ms=([0-9.]+)", cp.stdout)
-        launches = re.search(r"graph_launches=(\d+)", cp.stdout)
-        print(f"bench {label}: {cp.stdout.strip()}")
-        if cp.returncode != 0 or not med:
-            print(cp.stderr[-2000:])
+    runs = bench_variants(binary, model, {inp.name: x}, dev, 20 if quick else 300,
+                          (("graphs", {}), ("eager", {"TENSORD_CUDA_GRAPHS": "0"})), 600)
+    for label, (med, stdout, err) in runs.items():
+        print(f"bench {label}: {stdout.strip()}")
+        if med is None:
+            print(err[-2000:])
             ok = False
             continue
-        figs[f"batch1_{label}_ms"] = float(med.group(1))
+        figs[f"batch1_{label}_ms"] = med
+        launches = re.search(r"graph_launches=(\d+)", stdout)
         n = int(launches.group(1)) if launches else 0
         ok &= (n > 0) if label == "graphs" else (n == 0)
         figs[f"{label}_graph_launches"] = n
